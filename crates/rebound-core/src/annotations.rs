@@ -1,0 +1,402 @@
+//! The vocabulary: small typed values that layers leave in `http::Extensions`.
+//!
+//! rebound's layers never name each other's types. They talk only through
+//! these annotations (DESIGN.md §1.3):
+//!
+//! * **On the request, going down:** [`Deadline`], [`Attempt`],
+//!   [`IdempotencyKey`], [`PreviousAttempt`].
+//! * **On the outcome, going up** (the response's extensions, or the
+//!   [`Error`](crate::Error)'s own [`extensions`](crate::Error::extensions)):
+//!   [`Verdict`], [`RetryAfterHint`], [`ProposedDelay`].
+//! * **On what the caller finally gets:** [`Attempts`] and, when the retry
+//!   loop stopped short of success, [`RetryStop`].
+//!
+//! # Absence is the happy path
+//!
+//! `http::Extensions` allocates its map on the first insert and boxes every
+//! value, so on the happy path the layers prefer *absence* to a stamped
+//! default:
+//!
+//! * no [`Verdict`] means [`Verdict::Success`] (see [`Verdict::of`]);
+//! * no [`Attempt`] means the first attempt (see [`Attempt::of`]);
+//! * no [`Attempts`] on a response means one attempt was made.
+//!
+//! ```
+//! use rebound_core::annotations::{Attempt, Verdict, Sent, Reason};
+//!
+//! let mut res = http::Response::new(());
+//! assert!(Verdict::of(res.extensions()).is_success());
+//! assert_eq!(Attempt::of(res.extensions()), 1);
+//!
+//! res.extensions_mut().insert(Verdict::Retryable {
+//!     reason: Reason::status(http::StatusCode::SERVICE_UNAVAILABLE),
+//!     sent: Sent::MaybeProcessed,
+//! });
+//! assert!(Verdict::of(res.extensions()).is_retryable());
+//! ```
+
+use std::borrow::Cow;
+use std::fmt;
+use std::time::Duration;
+
+use http::{Extensions, HeaderValue, StatusCode};
+use tokio::time::Instant;
+
+// ===== request annotations =====
+
+/// The instant by which the whole logical request must be finished.
+///
+/// Stamped by the deadline layer (or by the caller, e.g. propagated from an
+/// inbound request; the earlier deadline always wins). Every layer that waits
+/// — for a permit, an attempt, a backoff sleep, a response body — checks it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Deadline(pub Instant);
+
+impl Deadline {
+    /// The deadline carried in `ext`, if any.
+    pub fn of(ext: &Extensions) -> Option<Instant> {
+        ext.get::<Deadline>().map(|d| d.0)
+    }
+
+    /// Time left before the deadline, saturating at zero.
+    pub fn remaining(&self) -> Duration {
+        self.0.saturating_duration_since(Instant::now())
+    }
+
+    /// Whether the deadline has passed.
+    pub fn has_passed(&self) -> bool {
+        Instant::now() >= self.0
+    }
+}
+
+/// Which attempt this is: `1` for the first try.
+///
+/// Stamped by the retry layer on every attempt after the first; absence means
+/// the first attempt (see [`Attempt::of`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Attempt(pub u32);
+
+impl Attempt {
+    /// The attempt number carried in `ext`, `1` when absent.
+    pub fn of(ext: &Extensions) -> u32 {
+        ext.get::<Attempt>().map_or(1, |a| a.0)
+    }
+}
+
+/// This request may be retried even though its method is not idempotent:
+/// the server can recognise a repeat by this key.
+///
+/// Set by the idempotency-key layer together with the header it adds (or by
+/// the caller). The value is the header value that every attempt carries.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct IdempotencyKey(pub HeaderValue);
+
+impl fmt::Debug for IdempotencyKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The key is not a secret, but it is an identifier a log reader does
+        // not need in full; keep `Debug` of a request free of it anyway.
+        f.write_str("IdempotencyKey(..)")
+    }
+}
+
+/// What happened on the previous attempt; carried by the retry layer into the
+/// next attempt's request, for layers that want history.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreviousAttempt {
+    /// The previous attempt's number (`1` for the first try).
+    pub attempt: u32,
+    /// How the previous attempt was classified.
+    pub verdict: Verdict,
+    /// The server's Retry-After hint on the previous attempt, if any.
+    pub retry_after: Option<Duration>,
+    /// The delay the retry layer waited before this attempt, and why.
+    pub delay: Option<ProposedDelay>,
+}
+
+// ===== outcome annotations =====
+
+/// Whether a failed request may have reached the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Sent {
+    /// The request certainly did not reach the server (connect refused, DNS
+    /// failure, TLS failure, hyper's "canceled before it was written",
+    /// HTTP/2 `REFUSED_STREAM`): safe to retry for **any** method.
+    NotSent,
+    /// The request may have been processed (a timeout, a reset after
+    /// writing, a response status): retry only an idempotent request.
+    MaybeProcessed,
+}
+
+impl Sent {
+    /// `"not_sent"` or `"maybe_processed"`, for logs and metric labels.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Sent::NotSent => "not_sent",
+            Sent::MaybeProcessed => "maybe_processed",
+        }
+    }
+}
+
+impl fmt::Display for Sent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why an outcome was classified as it was: a short, secret-free text such as
+/// `"status 503"`, `"connect refused"` or `"body not replayable"`.
+///
+/// Reasons are meant for logs and metric labels: never build one from a
+/// header value, a body or a URL.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Reason(Cow<'static, str>);
+
+impl Reason {
+    /// A reason from a static text (no allocation).
+    pub const fn new_static(text: &'static str) -> Self {
+        Reason(Cow::Borrowed(text))
+    }
+
+    /// A reason from an owned text.
+    pub fn new(text: impl Into<Cow<'static, str>>) -> Self {
+        Reason(text.into())
+    }
+
+    /// `"status NNN"` for a response status.
+    pub fn status(status: StatusCode) -> Self {
+        Reason(Cow::Owned(format!("status {}", status.as_u16())))
+    }
+
+    /// The text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// How one attempt's outcome was classified.
+///
+/// Written by the classify layer (and refined by layers above it: the
+/// Retry-After layer turns a "do not retry" pushback into `Fatal`, the retry
+/// layer marks a non-replayable body). **Absence means `Success`**: see
+/// [`Verdict::of`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// The attempt succeeded (2xx/3xx by default).
+    Success,
+    /// A transient failure: retrying may help.
+    Retryable {
+        /// Why.
+        reason: Reason,
+        /// Whether the request may have reached the server.
+        sent: Sent,
+    },
+    /// A failure that retrying will not fix.
+    Fatal {
+        /// Why.
+        reason: Reason,
+    },
+}
+
+impl Verdict {
+    /// The verdict carried in `ext`; `Success` when there is none.
+    pub fn of(ext: &Extensions) -> Cow<'_, Verdict> {
+        match ext.get::<Verdict>() {
+            Some(v) => Cow::Borrowed(v),
+            None => Cow::Owned(Verdict::Success),
+        }
+    }
+
+    /// Whether this is `Success`.
+    pub fn is_success(&self) -> bool {
+        matches!(self, Verdict::Success)
+    }
+
+    /// Whether this is `Retryable`.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Verdict::Retryable { .. })
+    }
+
+    /// Whether this is `Fatal`.
+    pub fn is_fatal(&self) -> bool {
+        matches!(self, Verdict::Fatal { .. })
+    }
+
+    /// The reason, if this is not `Success`.
+    pub fn reason(&self) -> Option<&Reason> {
+        match self {
+            Verdict::Success => None,
+            Verdict::Retryable { reason, .. } | Verdict::Fatal { reason } => Some(reason),
+        }
+    }
+
+    /// The `sent` answer, if this is `Retryable`.
+    pub fn sent(&self) -> Option<Sent> {
+        match self {
+            Verdict::Retryable { sent, .. } => Some(*sent),
+            _ => None,
+        }
+    }
+
+    /// `"success"`, `"retryable"` or `"fatal"`, for logs and metric labels.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Verdict::Success => "success",
+            Verdict::Retryable { .. } => "retryable",
+            Verdict::Fatal { .. } => "fatal",
+        }
+    }
+}
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Verdict::Success => f.write_str("success"),
+            Verdict::Retryable { reason, sent } => write!(f, "retryable ({reason}, {sent})"),
+            Verdict::Fatal { reason } => write!(f, "fatal ({reason})"),
+        }
+    }
+}
+
+/// The server asked the client to wait this long before trying again
+/// (`Retry-After` as delta-seconds or HTTP-date, gRPC pushback, or a
+/// rate-limit reset header). Already capped by the layer that parsed it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RetryAfterHint(pub Duration);
+
+/// Where a [`ProposedDelay`] came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DelaySource {
+    /// The server's Retry-After (or pushback) hint.
+    RetryAfter,
+    /// The client's own backoff schedule.
+    Backoff,
+}
+
+impl DelaySource {
+    /// `"retry_after"` or `"backoff"`, for logs and metric labels.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            DelaySource::RetryAfter => "retry_after",
+            DelaySource::Backoff => "backoff",
+        }
+    }
+}
+
+impl fmt::Display for DelaySource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How long to wait before the next attempt, and why; written by the backoff
+/// layer on each retryable outcome, read by the retry layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ProposedDelay {
+    /// The delay.
+    pub delay: Duration,
+    /// Where it came from.
+    pub source: DelaySource,
+}
+
+// ===== what the caller gets =====
+
+/// How many attempts the retry layer made for this logical request; on the
+/// response or error the caller finally gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Attempts(pub u32);
+
+impl Attempts {
+    /// The attempt count carried in `ext`, `1` when absent.
+    pub fn of(ext: &Extensions) -> u32 {
+        ext.get::<Attempts>().map_or(1, |a| a.0)
+    }
+}
+
+/// Why the retry loop stopped without a success; on the outcome the caller
+/// gets when its last verdict was not `Success`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RetryStop {
+    /// The last outcome was fatal.
+    Fatal,
+    /// The request may not be sent again: not idempotent, no idempotency
+    /// key, and it may have been processed.
+    NotEligible,
+    /// The request body cannot be replayed (streamed past the buffer cap).
+    NotReplayable,
+    /// The maximum number of attempts was reached.
+    Attempts,
+    /// The retry budget refused another attempt.
+    Budget,
+    /// The next attempt could not finish before the deadline.
+    Deadline,
+}
+
+impl RetryStop {
+    /// A short label: `"fatal"`, `"not_eligible"`, `"not_replayable"`,
+    /// `"attempts"`, `"budget"` or `"deadline"`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            RetryStop::Fatal => "fatal",
+            RetryStop::NotEligible => "not_eligible",
+            RetryStop::NotReplayable => "not_replayable",
+            RetryStop::Attempts => "attempts",
+            RetryStop::Budget => "budget",
+            RetryStop::Deadline => "deadline",
+        }
+    }
+}
+
+impl fmt::Display for RetryStop {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn absence_means_success_and_first_attempt() {
+        let ext = Extensions::new();
+        assert!(Verdict::of(&ext).is_success());
+        assert_eq!(Attempt::of(&ext), 1);
+        assert_eq!(Attempts::of(&ext), 1);
+        assert_eq!(Deadline::of(&ext), None);
+    }
+
+    #[test]
+    fn reason_and_display() {
+        let v = Verdict::Retryable {
+            reason: Reason::status(StatusCode::TOO_MANY_REQUESTS),
+            sent: Sent::MaybeProcessed,
+        };
+        assert_eq!(v.to_string(), "retryable (status 429, maybe_processed)");
+        assert_eq!(v.reason().unwrap().as_str(), "status 429");
+        assert_eq!(v.sent(), Some(Sent::MaybeProcessed));
+        let f = Verdict::Fatal {
+            reason: Reason::new_static("body not replayable"),
+        };
+        assert!(f.is_fatal());
+        assert_eq!(f.sent(), None);
+    }
+
+    #[test]
+    fn idempotency_key_debug_hides_value() {
+        let k = IdempotencyKey(HeaderValue::from_static("abc-123"));
+        assert!(!format!("{k:?}").contains("abc"));
+    }
+}

@@ -1,0 +1,1 @@
+//! TODO: module `attempt_timeout` (being written).

@@ -1,0 +1,1 @@
+//! TODO: module `backoff` (being written).

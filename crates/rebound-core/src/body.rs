@@ -1,0 +1,52 @@
+//! Request bodies that can be sent again.
+//!
+//! A retry needs the request body a second time. [`ReplayableBody`] is how the
+//! retry layer asks a body for a copy: bodies already in memory (`Full`,
+//! `Empty`, `String`) answer with a cheap clone (a reference count,
+//! never a copy of the bytes); a body that cannot be replayed answers `None`,
+//! and the request is then not retried.
+//!
+//! ```
+//! use bytes::Bytes;
+//! use http_body_util::{Empty, Full};
+//! use rebound_core::body::ReplayableBody;
+//!
+//! let body = Full::new(Bytes::from_static(b"hello"));
+//! assert!(body.try_replay().is_some());
+//! assert!(Empty::<Bytes>::new().try_replay().is_some());
+//! ```
+
+use http_body_util::{Empty, Full};
+
+/// A request body that may be able to produce a fresh copy of itself for
+/// another attempt.
+///
+/// `try_replay` is called on the body **before** an attempt is sent, so the
+/// copy starts from the beginning. Returning `None` means "cannot be sent
+/// again": the retry layer then makes a single attempt and says why.
+pub trait ReplayableBody: http_body::Body + Sized {
+    /// A copy of this body, from its start, for another attempt; `None` if
+    /// this body cannot be replayed.
+    fn try_replay(&self) -> Option<Self>;
+}
+
+impl<D> ReplayableBody for Full<D>
+where
+    D: bytes::Buf + Clone,
+{
+    fn try_replay(&self) -> Option<Self> {
+        Some(self.clone())
+    }
+}
+
+impl<D: bytes::Buf> ReplayableBody for Empty<D> {
+    fn try_replay(&self) -> Option<Self> {
+        Some(Empty::new())
+    }
+}
+
+impl ReplayableBody for String {
+    fn try_replay(&self) -> Option<Self> {
+        Some(self.clone())
+    }
+}

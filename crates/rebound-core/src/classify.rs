@@ -1,0 +1,1 @@
+//! TODO: module `classify` (being written).

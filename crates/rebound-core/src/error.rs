@@ -1,0 +1,476 @@
+//! The one error type of the stack.
+//!
+//! [`Error`] is an opaque struct in hyper-util's shape: a kind the caller can
+//! ask about ([`Error::kind`], [`Error::is_timeout`], [`Error::timeout_stage`],
+//! [`Error::is_connect`], ...), the [`source()`](std::error::Error::source)
+//! chain, and an `http::Extensions` of its own so that outcome annotations
+//! ([`Verdict`](crate::annotations::Verdict),
+//! [`Attempts`](crate::annotations::Attempts), ...) ride on errors exactly as
+//! they ride on responses.
+//!
+//! `Display` names what failed, the method and the URL **without** query,
+//! userinfo or any header value: `timeout (headers) for GET
+//! https://api.example.com/v1/models`. Nothing the caller sent is ever
+//! printed beyond that.
+//!
+//! Every rebound layer has `type Error = rebound::Error`. Inner errors are
+//! turned into it with [`Error::from_boxed`], which never wraps an inner
+//! `rebound::Error` twice.
+//!
+//! ```
+//! use rebound_core::{Error, ErrorKind, TimeoutStage};
+//!
+//! let uri: http::Uri = "https://user:pw@api.example.com/v1/models?key=secret".parse().unwrap();
+//! let err = Error::timeout(TimeoutStage::Headers).with_request(&http::Method::GET, &uri);
+//! assert!(err.is_timeout());
+//! assert_eq!(err.kind(), ErrorKind::Timeout(TimeoutStage::Headers));
+//! assert_eq!(err.to_string(), "timeout (headers) for GET https://api.example.com/v1/models");
+//!
+//! // It is a `tower::BoxError`, and comes back out of one unchanged.
+//! let boxed: tower::BoxError = err.into();
+//! let back = Error::from_boxed(boxed);
+//! assert!(back.is_timeout());
+//! ```
+
+use std::error::Error as StdError;
+use std::fmt;
+
+use http::{Extensions, Method, Uri};
+
+use crate::annotations::{Attempts, RetryStop};
+use crate::redact::RedactedUri;
+
+/// A boxed error: what `tower` layers exchange.
+pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
+
+/// The stage of a request at which a timeout fired.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum TimeoutStage {
+    /// Establishing the TCP connection (across all resolved addresses).
+    Connect,
+    /// The TLS handshake, measured from TCP-established.
+    Tls,
+    /// Waiting for the response head (the per-attempt timeout).
+    Headers,
+    /// No response body frame arrived for the idle timeout.
+    BodyIdle,
+    /// The response body arrived slower than the minimum rate.
+    BodyRate,
+    /// The total deadline of the logical request passed.
+    Deadline,
+}
+
+impl TimeoutStage {
+    /// `"connect"`, `"tls"`, `"headers"`, `"body_idle"`, `"body_rate"` or
+    /// `"deadline"`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            TimeoutStage::Connect => "connect",
+            TimeoutStage::Tls => "tls",
+            TimeoutStage::Headers => "headers",
+            TimeoutStage::BodyIdle => "body_idle",
+            TimeoutStage::BodyRate => "body_rate",
+            TimeoutStage::Deadline => "deadline",
+        }
+    }
+}
+
+impl fmt::Display for TimeoutStage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What kind of failure an [`Error`] is. Match on it to branch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// A timeout fired at the given stage.
+    Timeout(TimeoutStage),
+    /// The connection could not be established (refused, DNS, unreachable).
+    Connect,
+    /// The TLS handshake failed (not a timeout).
+    Tls,
+    /// Reading or writing a body failed (reset, truncated, ...).
+    Body,
+    /// The response body was larger than the configured cap.
+    BodyTooLarge,
+    /// The response body could not be decoded (empty, invalid, wrong shape).
+    Decode,
+    /// The caller cancelled the request.
+    Cancelled,
+    /// A concurrency limiter refused the request (its queue was full).
+    Rejected,
+    /// A Retry-After gate refused the request: the server asked for a pause.
+    Throttled,
+    /// The request cannot be sent (again): its body cannot be replayed.
+    NotReplayable,
+    /// The request itself is invalid (bad URI, bad header value, ...).
+    InvalidRequest,
+    /// A layer or client was configured with values that cannot work;
+    /// returned when it is built, never per request.
+    Config,
+    /// Any other failure of the transport or of an inner service.
+    Transport,
+}
+
+impl ErrorKind {
+    /// A short label for logs and metrics (`error.type`):
+    /// `"timeout"`, `"connect"`, `"tls"`, ...
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            ErrorKind::Timeout(_) => "timeout",
+            ErrorKind::Connect => "connect",
+            ErrorKind::Tls => "tls",
+            ErrorKind::Body => "body",
+            ErrorKind::BodyTooLarge => "body_too_large",
+            ErrorKind::Decode => "decode",
+            ErrorKind::Cancelled => "cancelled",
+            ErrorKind::Rejected => "rejected",
+            ErrorKind::Throttled => "throttled",
+            ErrorKind::NotReplayable => "not_replayable",
+            ErrorKind::InvalidRequest => "invalid_request",
+            ErrorKind::Config => "config",
+            ErrorKind::Transport => "transport",
+        }
+    }
+}
+
+impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ErrorKind::Timeout(stage) => write!(f, "timeout ({stage})"),
+            ErrorKind::Connect => f.write_str("connect error"),
+            ErrorKind::Tls => f.write_str("tls error"),
+            ErrorKind::Body => f.write_str("body error"),
+            ErrorKind::BodyTooLarge => f.write_str("body too large"),
+            ErrorKind::Decode => f.write_str("decode error"),
+            ErrorKind::Cancelled => f.write_str("cancelled"),
+            ErrorKind::Rejected => f.write_str("rejected by the concurrency limiter"),
+            ErrorKind::Throttled => f.write_str("throttled: the server asked for a pause"),
+            ErrorKind::NotReplayable => f.write_str("request body not replayable"),
+            ErrorKind::InvalidRequest => f.write_str("invalid request"),
+            ErrorKind::Config => f.write_str("invalid configuration"),
+            ErrorKind::Transport => f.write_str("transport error"),
+        }
+    }
+}
+
+/// The error of every rebound layer and of the ready-made client.
+///
+/// See the [module docs](self).
+pub struct Error {
+    inner: Box<Inner>,
+}
+
+struct Inner {
+    kind: ErrorKind,
+    /// A short, secret-free detail (e.g. which configuration value is wrong).
+    detail: Option<&'static str>,
+    /// An owned detail, for configuration errors that name values.
+    detail_owned: Option<String>,
+    method: Option<Method>,
+    url: Option<RedactedUri>,
+    source: Option<BoxError>,
+    extensions: Extensions,
+}
+
+impl Error {
+    /// A new error of the given kind.
+    pub fn new(kind: ErrorKind) -> Self {
+        Error {
+            inner: Box::new(Inner {
+                kind,
+                detail: None,
+                detail_owned: None,
+                method: None,
+                url: None,
+                source: None,
+                extensions: Extensions::new(),
+            }),
+        }
+    }
+
+    /// A timeout at `stage`.
+    pub fn timeout(stage: TimeoutStage) -> Self {
+        Error::new(ErrorKind::Timeout(stage))
+    }
+
+    /// A configuration error, with a message that says what is wrong. The
+    /// message must not contain secrets; it is shown as is.
+    pub fn config(message: impl Into<String>) -> Self {
+        let mut e = Error::new(ErrorKind::Config);
+        e.inner.detail_owned = Some(message.into());
+        e
+    }
+
+    /// The same error with `source` as its cause.
+    pub fn with_source(mut self, source: impl Into<BoxError>) -> Self {
+        self.inner.source = Some(source.into());
+        self
+    }
+
+    /// The same error with a short, secret-free detail shown after the kind
+    /// (e.g. `"connection reset"`).
+    pub fn with_detail(mut self, detail: &'static str) -> Self {
+        self.inner.detail = Some(detail);
+        self
+    }
+
+    /// The same error, naming the request it belongs to. Only the method and
+    /// the [redacted](crate::redact) URL are kept. A request already named is
+    /// not renamed.
+    pub fn with_request(mut self, method: &Method, uri: &Uri) -> Self {
+        if self.inner.method.is_none() {
+            self.inner.method = Some(method.clone());
+            self.inner.url = Some(RedactedUri::new(uri));
+        }
+        self
+    }
+
+    /// Turn any boxed error into a rebound `Error`. An inner error that
+    /// already is a rebound `Error` is returned as is, never wrapped twice;
+    /// anything else becomes a [`ErrorKind::Transport`] error with it as its
+    /// source.
+    pub fn from_boxed(err: BoxError) -> Self {
+        match err.downcast::<Error>() {
+            Ok(e) => *e,
+            Err(other) => Error::new(ErrorKind::Transport).with_source(other),
+        }
+    }
+
+    /// The kind of failure.
+    pub fn kind(&self) -> ErrorKind {
+        self.inner.kind
+    }
+
+    /// Whether a timeout fired (at any stage).
+    pub fn is_timeout(&self) -> bool {
+        matches!(self.inner.kind, ErrorKind::Timeout(_))
+    }
+
+    /// The stage of the timeout, if this is one.
+    pub fn timeout_stage(&self) -> Option<TimeoutStage> {
+        match self.inner.kind {
+            ErrorKind::Timeout(stage) => Some(stage),
+            _ => None,
+        }
+    }
+
+    /// Whether the connection could not be established (not a timeout).
+    pub fn is_connect(&self) -> bool {
+        self.inner.kind == ErrorKind::Connect
+    }
+
+    /// Whether the TLS handshake failed (not a timeout).
+    pub fn is_tls(&self) -> bool {
+        self.inner.kind == ErrorKind::Tls
+    }
+
+    /// Whether reading or writing a body failed.
+    pub fn is_body(&self) -> bool {
+        self.inner.kind == ErrorKind::Body
+    }
+
+    /// Whether a body was over its cap.
+    pub fn is_body_too_large(&self) -> bool {
+        self.inner.kind == ErrorKind::BodyTooLarge
+    }
+
+    /// Whether a body could not be decoded.
+    pub fn is_decode(&self) -> bool {
+        self.inner.kind == ErrorKind::Decode
+    }
+
+    /// Whether the caller cancelled the request.
+    pub fn is_cancelled(&self) -> bool {
+        self.inner.kind == ErrorKind::Cancelled
+    }
+
+    /// Whether a concurrency limiter refused the request.
+    pub fn is_rejected(&self) -> bool {
+        self.inner.kind == ErrorKind::Rejected
+    }
+
+    /// Whether a Retry-After gate refused the request.
+    pub fn is_throttled(&self) -> bool {
+        self.inner.kind == ErrorKind::Throttled
+    }
+
+    /// Whether this is a configuration error from building a layer or client.
+    pub fn is_config(&self) -> bool {
+        self.inner.kind == ErrorKind::Config
+    }
+
+    /// Whether the retry loop stopped because its budget refused another
+    /// attempt. The error itself is then the last real outcome (e.g. a
+    /// connect error); this asks the [`RetryStop`] annotation it carries.
+    pub fn is_budget_exhausted(&self) -> bool {
+        self.retry_stop() == Some(RetryStop::Budget)
+    }
+
+    /// Whether the retry loop stopped because it ran out of attempts.
+    pub fn is_attempts_exhausted(&self) -> bool {
+        self.retry_stop() == Some(RetryStop::Attempts)
+    }
+
+    /// Why the retry loop stopped, if a retry layer handled this request and
+    /// did not succeed.
+    pub fn retry_stop(&self) -> Option<RetryStop> {
+        self.inner.extensions.get::<RetryStop>().copied()
+    }
+
+    /// How many attempts were made (`1` when no retry layer counted).
+    pub fn attempts(&self) -> u32 {
+        Attempts::of(&self.inner.extensions)
+    }
+
+    /// The request's method, if the error names its request.
+    pub fn method(&self) -> Option<&Method> {
+        self.inner.method.as_ref()
+    }
+
+    /// The request's redacted URL, if the error names its request.
+    pub fn url(&self) -> Option<&RedactedUri> {
+        self.inner.url.as_ref()
+    }
+
+    /// The outcome annotations this error carries.
+    pub fn extensions(&self) -> &Extensions {
+        &self.inner.extensions
+    }
+
+    /// Mutable access to the outcome annotations.
+    pub fn extensions_mut(&mut self) -> &mut Extensions {
+        &mut self.inner.extensions
+    }
+
+    /// Find the first error of type `E` in the `source()` chain (this error
+    /// excluded).
+    pub fn find_source<E: StdError + 'static>(&self) -> Option<&E> {
+        let mut cur: Option<&(dyn StdError + 'static)> = self.source_ref();
+        while let Some(e) = cur {
+            if let Some(found) = e.downcast_ref::<E>() {
+                return Some(found);
+            }
+            cur = e.source();
+        }
+        None
+    }
+
+    fn source_ref(&self) -> Option<&(dyn StdError + 'static)> {
+        self.inner
+            .source
+            .as_deref()
+            .map(|e| e as &(dyn StdError + 'static))
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.inner.kind, f)?;
+        if let Some(detail) = self.inner.detail {
+            write!(f, ": {detail}")?;
+        }
+        if let Some(detail) = &self.inner.detail_owned {
+            write!(f, ": {detail}")?;
+        }
+        if let (Some(method), Some(url)) = (&self.inner.method, &self.inner.url) {
+            write!(f, " for {method} {url}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("rebound::Error");
+        d.field("kind", &self.inner.kind);
+        if let Some(detail) = self.inner.detail {
+            d.field("detail", &detail);
+        }
+        if let Some(detail) = &self.inner.detail_owned {
+            d.field("detail", detail);
+        }
+        if let Some(method) = &self.inner.method {
+            d.field("method", method);
+        }
+        if let Some(url) = &self.inner.url {
+            d.field("url", &format_args!("{url}"));
+        }
+        if let Some(stop) = self.retry_stop() {
+            d.field("retry_stop", &stop);
+        }
+        if self.inner.extensions.get::<Attempts>().is_some() {
+            d.field("attempts", &self.attempts());
+        }
+        if let Some(source) = &self.inner.source {
+            // The sources we wrap (io, hyper, rustls, tower) do not print
+            // request data; their Display is what an operator needs.
+            d.field("source", &format_args!("{source}"));
+        }
+        d.finish()
+    }
+}
+
+impl StdError for Error {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.source_ref()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn display_is_redacted() {
+        let uri: Uri = "http://user:secret@example.com:8080/a/b?token=secret#frag"
+            .parse()
+            .unwrap();
+        let e = Error::new(ErrorKind::Connect)
+            .with_detail("connection refused")
+            .with_request(&Method::POST, &uri);
+        let shown = e.to_string();
+        assert_eq!(
+            shown,
+            "connect error: connection refused for POST http://example.com:8080/a/b"
+        );
+        assert!(!format!("{e:?}").contains("secret"));
+    }
+
+    #[test]
+    fn never_wrapped_twice() {
+        let e = Error::timeout(TimeoutStage::Tls);
+        let boxed: BoxError = Box::new(e);
+        let back = Error::from_boxed(boxed);
+        assert_eq!(back.kind(), ErrorKind::Timeout(TimeoutStage::Tls));
+        assert!(back.source().is_none());
+
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
+        let wrapped = Error::from_boxed(Box::new(io));
+        assert_eq!(wrapped.kind(), ErrorKind::Transport);
+        assert!(wrapped.find_source::<std::io::Error>().is_some());
+    }
+
+    #[test]
+    fn annotations_ride_on_errors() {
+        let mut e = Error::new(ErrorKind::Connect);
+        e.extensions_mut().insert(Attempts(3));
+        e.extensions_mut().insert(RetryStop::Budget);
+        assert_eq!(e.attempts(), 3);
+        assert!(e.is_budget_exhausted());
+        assert!(!e.is_attempts_exhausted());
+    }
+
+    #[test]
+    fn first_request_name_wins() {
+        let a: Uri = "http://a.example/x".parse().unwrap();
+        let b: Uri = "http://b.example/y".parse().unwrap();
+        let e = Error::new(ErrorKind::Body)
+            .with_request(&Method::GET, &a)
+            .with_request(&Method::PUT, &b);
+        assert_eq!(e.to_string(), "body error for GET http://a.example/x");
+    }
+}

@@ -1,0 +1,1 @@
+//! TODO: module `idempotency` (being written).

@@ -1,0 +1,78 @@
+//! Transport-agnostic layers of **rebound**: outbound HTTP calls that survive
+//! a real network.
+//!
+//! Each layer is one concern and is useful alone; they talk to each other
+//! only through typed [annotations] in `http::Extensions`, so they can be
+//! reordered, replaced and tested one by one. The default order, outer to
+//! inner (the ready-made client in `rebound-hyper` builds exactly this):
+//!
+//! ```text
+//! caller ─► Trace            one span per logical request; redaction
+//!           Deadline         total budget; stamps Deadline
+//!           ConcurrencyLimit caps logical requests in flight
+//!           IdempotencyKey   POST/PATCH get an Idempotency-Key once
+//!           Retry            the only loop: eligibility, budget, deadline
+//!           Backoff          proposes the delay for each retryable outcome
+//!           AdaptiveLimit    per-attempt limit that shrinks on overload
+//!           RetryAfter       parses Retry-After / pushback into a hint
+//!           Classify         turns each attempt's outcome into a Verdict
+//!           AttemptTimeout   per-attempt time to response head
+//!           transport
+//! ```
+//!
+//! Every layer's service has `type Error = `[`Error`]: one opaque error type
+//! with a kind to branch on, a `source()` chain and its own extensions.
+//!
+//! # Minimum supported Rust version
+//!
+//! 1.85, declared as `rust-version` in the workspace; raised only with a
+//! minor release.
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+pub mod annotations;
+pub mod error;
+pub mod redact;
+
+// --- request bodies that can be sent again ---
+pub mod body;
+
+// --- retry core: classify, Retry-After, backoff, retry with budget ---
+pub mod backoff;
+pub mod classify;
+pub mod retry;
+pub mod retry_after;
+
+// --- timeouts: total deadline, per-attempt timeout ---
+pub mod attempt_timeout;
+pub mod deadline;
+
+// --- writes: idempotency keys, in-attempt body reading ---
+pub mod collect;
+pub mod idempotency;
+
+// --- load control and cancellation ---
+pub mod cancel;
+pub mod gate;
+pub mod limit;
+
+// --- observability ---
+pub mod trace;
+
+pub use crate::annotations::{
+    Attempt, Attempts, Deadline, DelaySource, IdempotencyKey, PreviousAttempt, ProposedDelay,
+    Reason, RetryAfterHint, RetryStop, Sent, Verdict,
+};
+pub use crate::error::{BoxError, Error, ErrorKind, TimeoutStage};
+
+// --- re-exports: body ---
+
+// --- re-exports: retry core ---
+
+// --- re-exports: timeouts ---
+
+// --- re-exports: writes ---
+
+// --- re-exports: load control and cancellation ---
+
+// --- re-exports: observability ---

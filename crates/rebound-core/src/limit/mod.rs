@@ -1,0 +1,1 @@
+//! TODO: module `limit` (being written).

@@ -1,0 +1,1 @@
+//! TODO: module `retry_after` (being written).

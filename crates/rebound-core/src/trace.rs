@@ -1,0 +1,1 @@
+//! TODO: module `trace` (being written).

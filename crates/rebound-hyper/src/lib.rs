@@ -1,0 +1,3 @@
+//! rebound's transport and ready-made client.
+//!
+//! TODO: being written.

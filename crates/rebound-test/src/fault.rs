@@ -1,0 +1,1 @@
+//! TODO: the fault server (being written).

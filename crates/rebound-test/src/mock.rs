@@ -1,0 +1,1 @@
+//! TODO: the mock service (being written).
