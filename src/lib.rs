@@ -8,7 +8,7 @@
 //! ready-made client on hyper-util with rustls.
 //!
 //! This facade re-exports everything of `rebound-core` (the layers) and
-//! `rebound-hyper` (the transport and [`Client`]-to-be) at one root.
+//! `rebound-hyper` (the transport and the ready-made client) at one root.
 
 pub use rebound_core::*;
 pub use rebound_hyper;
