@@ -2,24 +2,6 @@
 //! [`CancellationToken`] to the request, and when it fires the response
 //! future ends at once with [`ErrorKind::Cancelled`].
 //!
-//! Dropping a response future already cancels everything it started (every
-//! rebound layer is drop-safe and spawns nothing). A token is for when the
-//! caller cannot drop the future itself — it was handed to another task, or
-//! one token should stop a whole group of requests. Attach it as the
-//! [`Cancel`] request annotation; [`CancelLayer`] watches it:
-//!
-//! * a request whose token has already fired is not sent at all;
-//! * when the token fires while the request is in flight, the inner future
-//!   (attempts, backoff sleeps, queue places, connections being made) is
-//!   dropped at once and the caller gets [`ErrorKind::Cancelled`];
-//! * the token bounds the response **head**: once the response is returned,
-//!   stop reading its body by dropping the body.
-//!
-//! Cancellation is never retried: the error carries a `Fatal` [`Verdict`]
-//! (and the classifier maps `Cancelled` to `Fatal` too). Put the layer at the
-//! top of the stack, so everything below is dropped when it fires. Requests
-//! without a token pay one extension look-up.
-//!
 //! ```
 //! use std::convert::Infallible;
 //! use std::time::Duration;
@@ -49,6 +31,24 @@
 //! assert_eq!(res.unwrap_err().kind(), ErrorKind::Cancelled);
 //! # }
 //! ```
+//!
+//! Dropping a response future already cancels everything it started (every
+//! rebound layer is drop-safe and spawns nothing). A token is for when the
+//! caller cannot drop the future itself — it was handed to another task, or
+//! one token should stop a whole group of requests. Attach it as the
+//! [`Cancel`] request annotation; [`CancelLayer`] watches it:
+//!
+//! * a request whose token has already fired is not sent at all;
+//! * when the token fires while the request is in flight, the inner future
+//!   (attempts, backoff sleeps, queue places, connections being made) is
+//!   dropped at once and the caller gets [`ErrorKind::Cancelled`];
+//! * the token bounds the response **head**: once the response is returned,
+//!   stop reading its body by dropping the body.
+//!
+//! Cancellation is never retried: the error carries a `Fatal` [`Verdict`]
+//! (and the classifier maps `Cancelled` to `Fatal` too). Put the layer at the
+//! top of the stack, so everything below is dropped when it fires. Requests
+//! without a token pay one extension look-up.
 //!
 //! # Errors
 //!

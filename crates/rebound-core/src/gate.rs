@@ -1,6 +1,44 @@
 //! The Retry-After gate: when a server asks for a pause, hold new requests
 //! to it until the pause is over.
 //!
+//! [`RetryAfterGateLayer`] remembers, per authority, a server's "come back
+//! later" (429/503 with a Retry-After) and holds or refuses new requests
+//! to that authority until then.
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use std::time::Duration;
+//! use rebound_core::annotations::RetryAfterHint;
+//! use rebound_core::gate::RetryAfterGateLayer;
+//! use tower::{service_fn, ServiceBuilder, ServiceExt};
+//! use tokio::time::Instant;
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), rebound_core::Error> {
+//! let svc = ServiceBuilder::new()
+//!     .layer(RetryAfterGateLayer::new())
+//!     .service(service_fn(|req: http::Request<()>| async move {
+//!         let mut res = http::Response::new(());
+//!         if req.uri().path() == "/busy" {
+//!             // What the Retry-After layer would leave on a 429.
+//!             *res.status_mut() = http::StatusCode::TOO_MANY_REQUESTS;
+//!             res.extensions_mut().insert(RetryAfterHint(Duration::from_secs(2)));
+//!         }
+//!         Ok::<_, Infallible>(res)
+//!     }));
+//!
+//! let start = Instant::now();
+//! let busy = http::Request::get("http://api.example/busy").body(()).unwrap();
+//! svc.clone().oneshot(busy).await?;
+//!
+//! // The next request to api.example waits for the pause to end.
+//! let next = http::Request::get("http://api.example/other").body(()).unwrap();
+//! svc.oneshot(next).await?;
+//! assert!(start.elapsed() >= Duration::from_secs(2));
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! [`RetryAfterGateLayer`] watches outcomes: when a response with status
 //! **429** or **503** carries a [`RetryAfterHint`] (written by the
 //! Retry-After layer below it), the gate for that **authority** (scheme,
@@ -39,40 +77,6 @@
 //! With no gate closed, a request costs one hash of its authority (no
 //! allocation) and one atomic load; the table's lock is taken only while
 //! some gate is closed.
-//!
-//! ```
-//! use std::convert::Infallible;
-//! use std::time::Duration;
-//! use rebound_core::annotations::RetryAfterHint;
-//! use rebound_core::gate::RetryAfterGateLayer;
-//! use tower::{service_fn, ServiceBuilder, ServiceExt};
-//! use tokio::time::Instant;
-//!
-//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
-//! # async fn main() -> Result<(), rebound_core::Error> {
-//! let svc = ServiceBuilder::new()
-//!     .layer(RetryAfterGateLayer::new())
-//!     .service(service_fn(|req: http::Request<()>| async move {
-//!         let mut res = http::Response::new(());
-//!         if req.uri().path() == "/busy" {
-//!             // What the Retry-After layer would leave on a 429.
-//!             *res.status_mut() = http::StatusCode::TOO_MANY_REQUESTS;
-//!             res.extensions_mut().insert(RetryAfterHint(Duration::from_secs(2)));
-//!         }
-//!         Ok::<_, Infallible>(res)
-//!     }));
-//!
-//! let start = Instant::now();
-//! let busy = http::Request::get("http://api.example/busy").body(()).unwrap();
-//! svc.clone().oneshot(busy).await?;
-//!
-//! // The next request to api.example waits for the pause to end.
-//! let next = http::Request::get("http://api.example/other").body(()).unwrap();
-//! svc.oneshot(next).await?;
-//! assert!(start.elapsed() >= Duration::from_secs(2));
-//! # Ok(())
-//! # }
-//! ```
 //!
 //! # Errors
 //!
@@ -389,12 +393,18 @@ where
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         let key = self.table.key(req.uri());
-        let now = Instant::now();
-        let state = match self.table.check(key, now) {
+        // Happy path: no gate closed anywhere, no clock read, no lock.
+        let closed = if self.table.is_empty() {
+            None
+        } else {
+            let now = Instant::now();
+            self.table.check(key, now).map(|until| (until, now))
+        };
+        let state = match closed {
             None => State::Called {
                 fut: self.inner.call(req),
             },
-            Some(until) => match self.mode {
+            Some((until, now)) => match self.mode {
                 GateMode::FailFast => State::Failed {
                     error: Some(throttled(&req, until, now, None)),
                 },

@@ -139,6 +139,8 @@ async fn successes_grow_one_per_window_while_the_limit_is_used() {
 
 /// A service whose calls wait until the test lets them finish, answering
 /// with `code`.
+// The tuple names what each test needs; a type alias cannot name `impl Service`.
+#[allow(clippy::type_complexity)]
 fn gated(
     aimd: Aimd,
     code: u16,

@@ -43,6 +43,8 @@ fn recording(
     })
 }
 
+// The tuple names what each test needs; a type alias cannot name `impl Service`.
+#[allow(clippy::type_complexity)]
 fn limited(
     limiter: ConcurrencyLimiter,
 ) -> (

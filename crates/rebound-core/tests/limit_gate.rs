@@ -144,11 +144,7 @@ async fn fail_fast_mode_returns_throttled() {
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Throttled);
     assert!(err.is_throttled());
-    assert_eq!(
-        err.to_string().contains("GET http://a.test/next"),
-        true,
-        "{err}"
-    );
+    assert!(err.to_string().contains("GET http://a.test/next"), "{err}");
     assert!(!err.to_string().contains("secret"));
     assert_eq!(
         err.extensions().get::<RetryAfterHint>(),

@@ -1,6 +1,35 @@
 //! An adaptive (AIMD) limit on attempts in flight that shrinks when the
 //! upstream says it is overloaded.
 //!
+//! [`AdaptiveLimitLayer`] caps **attempts** in flight with an AIMD limit:
+//! it shrinks when the upstream says it is overloaded (429, 503, attempt
+//! timeout) and grows back slowly while attempts succeed.
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use rebound_core::limit::{AdaptiveLimitLayer, Aimd};
+//! use tower::{service_fn, ServiceBuilder, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), rebound_core::Error> {
+//! let layer = AdaptiveLimitLayer::new(
+//!     Aimd::default().min_limit(1).initial_limit(10).max_limit(100).backoff_ratio(0.5),
+//! )?;
+//! let limiter = layer.limiter().clone();
+//! let svc = ServiceBuilder::new()
+//!     .layer(layer)
+//!     .service(service_fn(|_req: http::Request<()>| async {
+//!         let mut res = http::Response::new(());
+//!         *res.status_mut() = http::StatusCode::TOO_MANY_REQUESTS;
+//!         Ok::<_, Infallible>(res)
+//!     }));
+//!
+//! svc.oneshot(http::Request::new(())).await?;
+//! assert_eq!(limiter.current_limit(), 5); // 10 × 0.5
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! [`AdaptiveLimitLayer`] sits **below the retry layer and above the
 //! classifier**, so it sees every attempt and each attempt's [`Verdict`]. It
 //! keeps a limit between a minimum and a maximum and changes it the classic
@@ -38,31 +67,6 @@
 //! Observe it with [`AdaptiveLimiter::current_limit`]; every change is also
 //! a `DEBUG` event with the field `current_limit` (and a
 //! `rebound_adaptive_limit` gauge with the `metrics` feature).
-//!
-//! ```
-//! use std::convert::Infallible;
-//! use rebound_core::limit::{AdaptiveLimitLayer, Aimd};
-//! use tower::{service_fn, ServiceBuilder, ServiceExt};
-//!
-//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
-//! # async fn main() -> Result<(), rebound_core::Error> {
-//! let layer = AdaptiveLimitLayer::new(
-//!     Aimd::default().min_limit(1).initial_limit(10).max_limit(100).backoff_ratio(0.5),
-//! )?;
-//! let limiter = layer.limiter().clone();
-//! let svc = ServiceBuilder::new()
-//!     .layer(layer)
-//!     .service(service_fn(|_req: http::Request<()>| async {
-//!         let mut res = http::Response::new(());
-//!         *res.status_mut() = http::StatusCode::TOO_MANY_REQUESTS;
-//!         Ok::<_, Infallible>(res)
-//!     }));
-//!
-//! svc.oneshot(http::Request::new(())).await?;
-//! assert_eq!(limiter.current_limit(), 5); // 10 × 0.5
-//! # Ok(())
-//! # }
-//! ```
 //!
 //! # Defaults
 //!

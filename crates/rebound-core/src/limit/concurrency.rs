@@ -7,23 +7,6 @@
 //! held **until the response body ends, fails or is dropped**: the response
 //! body is wrapped in a [`LimitBody`] that carries it.
 //!
-//! * `poll_ready` passes through; the permit is taken **inside the response
-//!   future**, from a FIFO queue (`tokio::sync::Semaphore`), so the wait is
-//!   bounded by the request's [`Deadline`] and dropping the future leaves the
-//!   queue at once.
-//! * A free permit is taken without allocating (`try_acquire_owned`); only a
-//!   request that has to queue pays for a boxed wait.
-//! * An optional maximum queue length ([`ConcurrencyLimiter::max_queue`])
-//!   turns queueing into a fast failure past it.
-//! * One [`ConcurrencyLimiter`] can be shared (`Arc`) by several layers or
-//!   clients ([`ConcurrencyLimitLayer::shared`]), and observed
-//!   ([`available`](ConcurrencyLimiter::available),
-//!   [`in_flight`](ConcurrencyLimiter::in_flight),
-//!   [`queued`](ConcurrencyLimiter::queued)).
-//!
-//! In the ready-made stack it sits above the retry layer, so one logical
-//! request holds one permit across all its attempts and backoff sleeps.
-//!
 //! ```
 //! use std::convert::Infallible;
 //! use std::time::Duration;
@@ -58,6 +41,23 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! * `poll_ready` passes through; the permit is taken **inside the response
+//!   future**, from a FIFO queue (`tokio::sync::Semaphore`), so the wait is
+//!   bounded by the request's [`Deadline`] and dropping the future leaves the
+//!   queue at once.
+//! * A free permit is taken without allocating (`try_acquire_owned`); only a
+//!   request that has to queue pays for a boxed wait.
+//! * An optional maximum queue length ([`ConcurrencyLimiter::max_queue`])
+//!   turns queueing into a fast failure past it.
+//! * One [`ConcurrencyLimiter`] can be shared (`Arc`) by several layers or
+//!   clients ([`ConcurrencyLimitLayer::shared`]), and observed
+//!   ([`available`](ConcurrencyLimiter::available),
+//!   [`in_flight`](ConcurrencyLimiter::in_flight),
+//!   [`queued`](ConcurrencyLimiter::queued)).
+//!
+//! In the ready-made stack it sits above the retry layer, so one logical
+//! request holds one permit across all its attempts and backoff sleeps.
 //!
 //! # Errors
 //!
