@@ -257,7 +257,9 @@ impl AdaptiveLimiter {
     }
 
     /// Attempts in flight right now (between taking a slot and the response
-    /// head).
+    /// head), counting a slot just handed to the oldest waiter. Can exceed
+    /// [`current_limit`](Self::current_limit) for a while after a decrease:
+    /// attempts in flight are never cut, the excess is not handed out again.
     pub fn in_flight(&self) -> usize {
         let st = self.lock();
         (st.limit + st.debt).saturating_sub(self.semaphore.available_permits())

@@ -154,7 +154,8 @@ impl ConcurrencyLimiter {
     }
 
     /// Permits held right now: requests in flight, counting those whose
-    /// response body is still being read.
+    /// response body is still being read, and a permit just handed to the
+    /// oldest waiter that has not run yet.
     pub fn in_flight(&self) -> usize {
         self.max.saturating_sub(self.available())
     }
