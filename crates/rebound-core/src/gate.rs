@@ -1,1 +1,560 @@
-//! TODO: module `gate` (being written).
+//! The Retry-After gate: when a server asks for a pause, hold new requests
+//! to it until the pause is over.
+//!
+//! [`RetryAfterGateLayer`] remembers, per authority, a server's "come back
+//! later" (429/503 with a Retry-After) and holds or refuses new requests
+//! to that authority until then.
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use std::time::Duration;
+//! use rebound_core::annotations::RetryAfterHint;
+//! use rebound_core::gate::RetryAfterGateLayer;
+//! use tower::{service_fn, ServiceBuilder, ServiceExt};
+//! use tokio::time::Instant;
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), rebound_core::Error> {
+//! let svc = ServiceBuilder::new()
+//!     .layer(RetryAfterGateLayer::new())
+//!     .service(service_fn(|req: http::Request<()>| async move {
+//!         let mut res = http::Response::new(());
+//!         if req.uri().path() == "/busy" {
+//!             // What the Retry-After layer would leave on a 429.
+//!             *res.status_mut() = http::StatusCode::TOO_MANY_REQUESTS;
+//!             res.extensions_mut().insert(RetryAfterHint(Duration::from_secs(2)));
+//!         }
+//!         Ok::<_, Infallible>(res)
+//!     }));
+//!
+//! let start = Instant::now();
+//! let busy = http::Request::get("http://api.example/busy").body(()).unwrap();
+//! svc.clone().oneshot(busy).await?;
+//!
+//! // The next request to api.example waits for the pause to end.
+//! let next = http::Request::get("http://api.example/other").body(()).unwrap();
+//! svc.oneshot(next).await?;
+//! assert!(start.elapsed() >= Duration::from_secs(2));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! [`RetryAfterGateLayer`] watches outcomes: when a response with status
+//! **429** or **503** carries a [`RetryAfterHint`] (written by the
+//! Retry-After layer below it), the gate for that **authority** (scheme,
+//! host and effective port; userinfo, path and query play no part) closes
+//! until `now + hint`. While it is closed, requests to that authority
+//!
+//! * [`GateMode::Wait`] (the default): wait in the response future until it
+//!   opens — bounded by their [`Deadline`]: a request whose deadline comes
+//!   before the gate opens fails at once with [`ErrorKind::Throttled`];
+//! * [`GateMode::FailFast`]: fail at once with [`ErrorKind::Throttled`].
+//!
+//! The inner service sees none of them during the pause. Other authorities
+//! are unaffected. The table of closed gates is bounded
+//! ([`GateTable::new`]): expired entries are dropped when met, and when the
+//! table is full the gate that opens soonest is evicted.
+//!
+//! # Where it sits
+//!
+//! Below the retry layer, so that retries respect the pause too, and above
+//! the Retry-After layer, whose hint it reads on the way up; above the
+//! adaptive limit, so a request waiting at the gate holds no attempt slot:
+//!
+//! ```text
+//! Retry ─► Backoff ─► RetryAfterGate ─► AdaptiveLimit ─► RetryAfter ─► Classify ─► ...
+//! ```
+//!
+//! A retry that already sleeps the Retry-After (the backoff layer proposes
+//! the hint as the delay) reaches the gate after it opened — the gate closed
+//! when the response passed it, before the retry started to sleep — so it
+//! does not wait twice. A retry whose delay is shorter than the hint (e.g. a
+//! capped hint) waits at the gate for the rest of the pause. Requests that
+//! were already past the gate when it closed are not recalled.
+//!
+//! # Happy path
+//!
+//! With no gate closed, a request costs one hash of its authority (no
+//! allocation) and one atomic load; the table's lock is taken only while
+//! some gate is closed.
+//!
+//! # Errors
+//!
+//! [`ErrorKind::Throttled`] (fail-fast mode, or a deadline before the gate
+//! opens), naming the request, carrying a `Fatal` [`Verdict`] and a
+//! [`RetryAfterHint`] with the time left until the gate opens. Errors of the
+//! inner service are turned into [`Error`] with [`Error::from_boxed`].
+
+use std::collections::hash_map::RandomState;
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::mem;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{ready, Context, Poll};
+
+use http::{Request, Response, StatusCode, Uri};
+use pin_project_lite::pin_project;
+use tokio::time::{Instant, Sleep};
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::annotations::{Deadline, Reason, RetryAfterHint, Verdict};
+use crate::error::{BoxError, Error, ErrorKind};
+use crate::redact::effective_port;
+
+/// What a request does when its authority's gate is closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum GateMode {
+    /// Wait until the gate opens, bounded by the request's deadline.
+    #[default]
+    Wait,
+    /// Fail at once with [`ErrorKind::Throttled`].
+    FailFast,
+}
+
+// === impl GateTable ===
+
+/// The closed gates, per authority; bounded. Share one between layers or
+/// clients with [`RetryAfterGateLayer::shared`].
+///
+/// Authorities are kept as keyed hashes (the table never stores a host
+/// name); the hash key is random per table.
+pub struct GateTable {
+    entries: Mutex<HashMap<u64, Instant>>,
+    /// Mirror of `entries.len()`, so the happy path needs no lock.
+    len: AtomicUsize,
+    max_entries: usize,
+    hasher: RandomState,
+}
+
+impl GateTable {
+    /// Default bound on the number of authorities with a closed gate.
+    pub const DEFAULT_MAX_ENTRIES: usize = 1024;
+
+    /// A table holding at most `max_entries` closed gates.
+    ///
+    /// # Errors
+    ///
+    /// A [`Config`](ErrorKind::Config) error if `max_entries` is zero.
+    pub fn new(max_entries: usize) -> Result<Self, Error> {
+        if max_entries == 0 {
+            return Err(Error::config(
+                "retry-after gate: max_entries must be at least 1",
+            ));
+        }
+        Ok(GateTable {
+            entries: Mutex::new(HashMap::new()),
+            len: AtomicUsize::new(0),
+            max_entries,
+            hasher: RandomState::new(),
+        })
+    }
+
+    /// Until when the gate of `uri`'s authority is closed, if it is.
+    pub fn closed_until(&self, uri: &Uri) -> Option<Instant> {
+        self.check(self.key(uri), Instant::now())
+    }
+
+    /// How many gates are recorded (some may have expired and not been met
+    /// since).
+    pub fn len(&self) -> usize {
+        self.len.load(Ordering::Acquire)
+    }
+
+    /// Whether no gate is recorded.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Open every gate.
+    pub fn clear(&self) {
+        let mut entries = self.lock();
+        entries.clear();
+        self.len.store(0, Ordering::Release);
+    }
+
+    /// Close the gate of `uri`'s authority until `until` (a later closing
+    /// already recorded wins).
+    pub fn close(&self, uri: &Uri, until: Instant) {
+        self.close_key(self.key(uri), until);
+    }
+
+    /// The authority's key: scheme, lower-cased host and effective port.
+    /// `Uri::host` never includes userinfo. Requests without an authority
+    /// (origin-form) share one key: they all go to the same inner service.
+    fn key(&self, uri: &Uri) -> u64 {
+        let mut h = self.hasher.build_hasher();
+        uri.scheme_str().hash(&mut h);
+        match uri.host() {
+            Some(host) => {
+                h.write_u8(1);
+                for b in host.bytes() {
+                    h.write_u8(b.to_ascii_lowercase());
+                }
+            }
+            None => h.write_u8(0),
+        }
+        effective_port(uri).hash(&mut h);
+        h.finish()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<u64, Instant>> {
+        // Every update leaves the map consistent; a panic elsewhere cannot
+        // corrupt it.
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Until when `key`'s gate is closed after `now`; expired entries are
+    /// removed when met.
+    fn check(&self, key: u64, now: Instant) -> Option<Instant> {
+        if self.len.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let mut entries = self.lock();
+        let until = *entries.get(&key)?;
+        if until > now {
+            Some(until)
+        } else {
+            entries.remove(&key);
+            self.len.store(entries.len(), Ordering::Release);
+            None
+        }
+    }
+
+    fn close_key(&self, key: u64, until: Instant) {
+        let mut entries = self.lock();
+        if let Some(existing) = entries.get_mut(&key) {
+            *existing = (*existing).max(until);
+            return;
+        }
+        if entries.len() >= self.max_entries {
+            let now = Instant::now();
+            entries.retain(|_, t| *t > now);
+        }
+        if entries.len() >= self.max_entries {
+            // Evict the gate that opens soonest: it matters least.
+            if let Some(k) = entries.iter().min_by_key(|(_, t)| **t).map(|(k, _)| *k) {
+                entries.remove(&k);
+            }
+        }
+        entries.insert(key, until);
+        self.len.store(entries.len(), Ordering::Release);
+    }
+}
+
+impl Default for GateTable {
+    /// A table of [`GateTable::DEFAULT_MAX_ENTRIES`] entries.
+    fn default() -> Self {
+        GateTable::new(Self::DEFAULT_MAX_ENTRIES).expect("the default size is valid")
+    }
+}
+
+impl fmt::Debug for GateTable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GateTable")
+            .field("len", &self.len())
+            .field("max_entries", &self.max_entries)
+            .finish()
+    }
+}
+
+// === impl RetryAfterGateLayer ===
+
+/// Holds new requests to an authority that answered 429/503 with a
+/// Retry-After, until the pause is over.
+///
+/// See the [module docs](self) for an example and where it sits.
+///
+/// # Clone
+///
+/// Clones share the same [`GateTable`].
+#[derive(Clone, Debug)]
+pub struct RetryAfterGateLayer {
+    table: Arc<GateTable>,
+    mode: GateMode,
+}
+
+impl RetryAfterGateLayer {
+    /// A gate in [`GateMode::Wait`] with its own table of
+    /// [`GateTable::DEFAULT_MAX_ENTRIES`] entries.
+    pub fn new() -> Self {
+        Self::shared(Arc::new(GateTable::default()))
+    }
+
+    /// A gate over a table shared with other layers or clients.
+    pub fn shared(table: Arc<GateTable>) -> Self {
+        RetryAfterGateLayer {
+            table,
+            mode: GateMode::Wait,
+        }
+    }
+
+    /// What requests do while their gate is closed. Default is
+    /// [`GateMode::Wait`].
+    pub fn mode(mut self, mode: GateMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Shorthand for `.mode(GateMode::FailFast)`.
+    pub fn fail_fast(self) -> Self {
+        self.mode(GateMode::FailFast)
+    }
+
+    /// The table of closed gates, to observe or to share.
+    pub fn table(&self) -> &Arc<GateTable> {
+        &self.table
+    }
+}
+
+impl Default for RetryAfterGateLayer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<S> Layer<S> for RetryAfterGateLayer {
+    type Service = RetryAfterGate<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RetryAfterGate {
+            inner,
+            table: self.table.clone(),
+            mode: self.mode,
+        }
+    }
+}
+
+// === impl RetryAfterGate ===
+
+/// The service of [`RetryAfterGateLayer`].
+///
+/// See the [module docs](self).
+///
+/// # Clone
+///
+/// Clones share the same [`GateTable`].
+#[derive(Clone, Debug)]
+pub struct RetryAfterGate<S> {
+    inner: S,
+    table: Arc<GateTable>,
+    mode: GateMode,
+}
+
+impl<S> RetryAfterGate<S> {
+    /// The table of closed gates.
+    pub fn table(&self) -> &Arc<GateTable> {
+        &self.table
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+}
+
+fn throttled<B>(
+    req: &Request<B>,
+    until: Instant,
+    now: Instant,
+    detail: Option<&'static str>,
+) -> Error {
+    let mut err = Error::new(ErrorKind::Throttled);
+    if let Some(detail) = detail {
+        err = err.with_detail(detail);
+    }
+    let mut err = err.with_request(req.method(), req.uri());
+    err.extensions_mut()
+        .insert(RetryAfterHint(until.saturating_duration_since(now)));
+    err.extensions_mut().insert(Verdict::Fatal {
+        reason: Reason::new_static("throttled by the Retry-After gate"),
+    });
+    err
+}
+
+impl<S, ReqB, ResB> Service<Request<ReqB>> for RetryAfterGate<S>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone,
+    S::Error: Into<BoxError>,
+{
+    type Response = Response<ResB>;
+    type Error = Error;
+    type Future = ResponseFuture<S, Request<ReqB>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner
+            .poll_ready(cx)
+            .map_err(|e| Error::from_boxed(e.into()))
+    }
+
+    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        let key = self.table.key(req.uri());
+        // Happy path: no gate closed anywhere, no clock read, no lock.
+        let closed = if self.table.is_empty() {
+            None
+        } else {
+            let now = Instant::now();
+            self.table.check(key, now).map(|until| (until, now))
+        };
+        let state = match closed {
+            None => State::Called {
+                fut: self.inner.call(req),
+            },
+            Some((until, now)) => match self.mode {
+                GateMode::FailFast => State::Failed {
+                    error: Some(throttled(&req, until, now, None)),
+                },
+                GateMode::Wait => match Deadline::of(req.extensions()) {
+                    Some(deadline) if deadline < until => State::Failed {
+                        error: Some(throttled(
+                            &req,
+                            until,
+                            now,
+                            Some("the deadline comes before the pause ends"),
+                        )),
+                    },
+                    _ => {
+                        let clone = self.inner.clone();
+                        let svc = mem::replace(&mut self.inner, clone);
+                        State::Waiting {
+                            sleep: Box::pin(tokio::time::sleep_until(until)),
+                            svc: Some(svc),
+                            req: Some(req),
+                        }
+                    }
+                },
+            },
+        };
+        ResponseFuture {
+            state,
+            key,
+            table: self.table.clone(),
+        }
+    }
+}
+
+// === impl ResponseFuture ===
+
+pin_project! {
+    /// The response future of [`RetryAfterGate`]: waits for a closed gate
+    /// to open, calls the inner service, and closes the gate when the
+    /// response asks for a pause.
+    #[must_use = "futures do nothing unless polled"]
+    pub struct ResponseFuture<S, R>
+    where
+        S: Service<R>,
+    {
+        #[pin]
+        state: State<S, R>,
+        key: u64,
+        table: Arc<GateTable>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<S, R>
+    where
+        S: Service<R>,
+    {
+        Waiting {
+            sleep: Pin<Box<Sleep>>,
+            svc: Option<S>,
+            req: Option<R>,
+        },
+        Called {
+            #[pin]
+            fut: S::Future,
+        },
+        Failed {
+            error: Option<Error>,
+        },
+    }
+}
+
+impl<S, R> fmt::Debug for ResponseFuture<S, R>
+where
+    S: Service<R>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            State::Waiting { .. } => "waiting",
+            State::Called { .. } => "called",
+            State::Failed { .. } => "failed",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .finish()
+    }
+}
+
+impl<S, ReqB, ResB> Future for ResponseFuture<S, Request<ReqB>>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
+    S::Error: Into<BoxError>,
+{
+    type Output = Result<Response<ResB>, Error>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        loop {
+            let this = self.as_mut().project();
+            match this.state.project() {
+                StateProj::Waiting { sleep, svc, req } => {
+                    ready!(sleep.as_mut().poll(cx));
+                    let now = Instant::now();
+                    // The pause may have been extended while we slept.
+                    if let Some(until) = this.table.check(*this.key, now) {
+                        let r = req.as_ref().expect("polled after completion");
+                        if Deadline::of(r.extensions()).is_some_and(|d| d < until) {
+                            let error = throttled(
+                                r,
+                                until,
+                                now,
+                                Some("the deadline comes before the pause ends"),
+                            );
+                            self.as_mut()
+                                .project()
+                                .state
+                                .set(State::Failed { error: None });
+                            return Poll::Ready(Err(error));
+                        }
+                        sleep.as_mut().reset(until);
+                        continue;
+                    }
+                    let req = req.take().expect("polled after completion");
+                    let mut svc = svc.take().expect("polled after completion");
+                    let fut = svc.call(req);
+                    self.as_mut().project().state.set(State::Called { fut });
+                }
+                StateProj::Called { fut } => {
+                    let res = ready!(fut.poll(cx)).map_err(|e| Error::from_boxed(e.into()))?;
+                    if matches!(
+                        res.status(),
+                        StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
+                    ) {
+                        if let Some(RetryAfterHint(pause)) = res.extensions().get() {
+                            // A hint too large for the clock is "no hint".
+                            let until = Instant::now().checked_add(*pause);
+                            if let (false, Some(until)) = (pause.is_zero(), until) {
+                                this.table.close_key(*this.key, until);
+                                tracing::debug!(
+                                    status = res.status().as_u16(),
+                                    pause_ms = pause.as_millis() as u64,
+                                    "retry-after gate closed"
+                                );
+                            }
+                        }
+                    }
+                    return Poll::Ready(Ok(res));
+                }
+                StateProj::Failed { error } => {
+                    return Poll::Ready(Err(error.take().expect("polled after completion")));
+                }
+            }
+        }
+    }
+}

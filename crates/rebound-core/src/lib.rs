@@ -74,5 +74,11 @@ pub use crate::error::{BoxError, Error, ErrorKind, TimeoutStage};
 // --- re-exports: writes ---
 
 // --- re-exports: load control and cancellation ---
+pub use crate::cancel::{Cancel, CancelLayer, Cancellable};
+pub use crate::gate::{GateMode, GateTable, RetryAfterGate, RetryAfterGateLayer};
+pub use crate::limit::{
+    AdaptiveLimit, AdaptiveLimitLayer, AdaptiveLimiter, Aimd, ConcurrencyLimit,
+    ConcurrencyLimitLayer, ConcurrencyLimiter, LimitBody,
+};
 
 // --- re-exports: observability ---

@@ -1,0 +1,665 @@
+//! An adaptive (AIMD) limit on attempts in flight that shrinks when the
+//! upstream says it is overloaded.
+//!
+//! [`AdaptiveLimitLayer`] caps **attempts** in flight with an AIMD limit:
+//! it shrinks when the upstream says it is overloaded (429, 503, attempt
+//! timeout) and grows back slowly while attempts succeed.
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use rebound_core::limit::{AdaptiveLimitLayer, Aimd};
+//! use tower::{service_fn, ServiceBuilder, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), rebound_core::Error> {
+//! let layer = AdaptiveLimitLayer::new(
+//!     Aimd::default().min_limit(1).initial_limit(10).max_limit(100).backoff_ratio(0.5),
+//! )?;
+//! let limiter = layer.limiter().clone();
+//! let svc = ServiceBuilder::new()
+//!     .layer(layer)
+//!     .service(service_fn(|_req: http::Request<()>| async {
+//!         let mut res = http::Response::new(());
+//!         *res.status_mut() = http::StatusCode::TOO_MANY_REQUESTS;
+//!         Ok::<_, Infallible>(res)
+//!     }));
+//!
+//! svc.oneshot(http::Request::new(())).await?;
+//! assert_eq!(limiter.current_limit(), 5); // 10 × 0.5
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! [`AdaptiveLimitLayer`] sits **below the retry layer and above the
+//! classifier**, so it sees every attempt and each attempt's [`Verdict`]. It
+//! keeps a limit between a minimum and a maximum and changes it the classic
+//! AIMD way:
+//!
+//! * **Overload** multiplies the limit by a factor ([`Aimd::backoff_ratio`],
+//!   default 0.9), rounding down, at most once per "generation": an overload
+//!   on an attempt that started before the last decrease is not counted
+//!   again (TCP's once-per-window rule), so a burst of 429s from requests
+//!   already in flight shrinks the limit once, not once per response.
+//! * **Success** grows the limit by one per window of `limit` successes, and
+//!   only while the limit is actually used (at least half of it in flight),
+//!   so a quiet period does not inflate it.
+//! * Anything else (a 404, a connect error, a 500 the classifier called
+//!   fatal) leaves it alone.
+//!
+//! What counts as **overload**: a response with status **429** or **503**
+//! (read from the status itself, whatever the classifier or the Retry-After
+//! layer made of it: even a 503 that may not be retried says the server is
+//! overloaded), and an error of kind
+//! [`Timeout`](ErrorKind::Timeout)`(`[`Headers`](TimeoutStage::Headers)`)` —
+//! the attempt timeout, the latency signal of an upstream that queues.
+//! What counts as **success**: a response whose [`Verdict`] is `Success`
+//! (absence of a verdict is success). A 429 that arrives as a response is an
+//! overload, not a success (tower-resilience counts only `Err`).
+//!
+//! The slot is taken in the response future (FIFO, bounded by the
+//! [`Deadline`], left at once when the future is dropped) and released when
+//! the **response head** arrives: the limit is about attempts, and its
+//! signal (the status) comes with the head. Holding it through the body
+//! would make the limit measure how fast the caller reads, and a retry
+//! layer that drains a discarded body would hold it for nothing; the
+//! concurrency limit above holds the logical request until its body ends.
+//!
+//! Observe it with [`AdaptiveLimiter::current_limit`]; every change is also
+//! a `DEBUG` event with the field `current_limit` (and a
+//! `rebound_adaptive_limit` gauge with the `metrics` feature).
+//!
+//! # Defaults
+//!
+//! min 1, initial 20, max 200, backoff ratio 0.9. Netflix's
+//! concurrency-limits uses 20–200 with an initial 20 for its AIMD limit; we
+//! keep its initial and maximum (20 is a sane first guess for one upstream,
+//! 200 is more than one HTTP client usually needs towards one host), but
+//! lower the minimum to **1**: Netflix limits a *server's* inbound load
+//! across many clients, where 20 is a floor worth keeping; a client facing
+//! one overloaded upstream must be able to back off to a single request in
+//! flight, or it keeps hammering a server that answers 429 to everything.
+//!
+//! # Errors
+//!
+//! * [`ErrorKind::Timeout`]`(`[`TimeoutStage::Deadline`]`)` when the
+//!   request's deadline passes while it waits for a slot (with a `Fatal`
+//!   [`Verdict`]: there is no time left for another attempt).
+//! * Errors of the inner service, turned into [`Error`] with
+//!   [`Error::from_boxed`].
+
+use std::fmt;
+use std::future::Future;
+use std::mem;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{ready, Context, Poll};
+
+use http::{Request, Response, StatusCode};
+use pin_project_lite::pin_project;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tower_layer::Layer;
+use tower_service::Service;
+
+use super::{wait_permit, WaitPermit};
+use crate::annotations::{Deadline, Reason, Verdict};
+use crate::error::{BoxError, Error, ErrorKind, TimeoutStage};
+
+// === impl Aimd ===
+
+/// The AIMD settings of an [`AdaptiveLimiter`]; checked when the limiter is
+/// built.
+///
+/// See the [module docs](self) for the defaults and why.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Aimd {
+    min: usize,
+    initial: usize,
+    max: usize,
+    backoff_ratio: f64,
+}
+
+impl Default for Aimd {
+    fn default() -> Self {
+        Aimd {
+            min: 1,
+            initial: 20,
+            max: 200,
+            backoff_ratio: 0.9,
+        }
+    }
+}
+
+impl Aimd {
+    /// The limit never goes below this. Default is 1.
+    pub fn min_limit(mut self, min: usize) -> Self {
+        self.min = min;
+        self
+    }
+
+    /// The limit to start with. Default is 20.
+    pub fn initial_limit(mut self, initial: usize) -> Self {
+        self.initial = initial;
+        self
+    }
+
+    /// The limit never goes above this. Default is 200.
+    pub fn max_limit(mut self, max: usize) -> Self {
+        self.max = max;
+        self
+    }
+
+    /// On overload the limit is multiplied by this ratio (rounding down),
+    /// which must be in `[0.5, 1)`. Default is 0.9.
+    pub fn backoff_ratio(mut self, ratio: f64) -> Self {
+        self.backoff_ratio = ratio;
+        self
+    }
+
+    fn validate(&self) -> Result<(), Error> {
+        if self.min == 0 {
+            return Err(Error::config(
+                "adaptive limit: min_limit must be at least 1",
+            ));
+        }
+        if self.min > self.initial || self.initial > self.max {
+            return Err(Error::config(format!(
+                "adaptive limit: need min_limit <= initial_limit <= max_limit, got {} <= {} <= {}",
+                self.min, self.initial, self.max
+            )));
+        }
+        if self.max > Semaphore::MAX_PERMITS {
+            return Err(Error::config(format!(
+                "adaptive limit: max_limit {} is larger than the maximum of {}",
+                self.max,
+                Semaphore::MAX_PERMITS
+            )));
+        }
+        if !(0.5..1.0).contains(&self.backoff_ratio) {
+            return Err(Error::config(format!(
+                "adaptive limit: backoff_ratio must be in [0.5, 1), got {}",
+                self.backoff_ratio
+            )));
+        }
+        Ok(())
+    }
+}
+
+// === impl AdaptiveLimiter ===
+
+/// The shared state of an adaptive limit: a FIFO semaphore whose capacity
+/// follows the AIMD limit.
+///
+/// Shrinking takes free permits out of the semaphore at once; permits that
+/// are in use are recorded as a debt and forgotten when they come back, so
+/// in-flight attempts are never cut and the queue stays FIFO.
+pub struct AdaptiveLimiter {
+    semaphore: Arc<Semaphore>,
+    state: Mutex<LimitState>,
+    aimd: Aimd,
+    /// Mirror of `state.limit`, readable without the lock.
+    current: AtomicUsize,
+    /// Mirror of `state.epoch`, read when a slot is taken.
+    epoch: AtomicU64,
+    queued: AtomicUsize,
+}
+
+#[derive(Debug)]
+struct LimitState {
+    limit: usize,
+    /// Permits in use that must be forgotten, not returned, when released.
+    debt: usize,
+    /// Successes in the current growth window.
+    successes: usize,
+    /// Bumped on every decrease.
+    epoch: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Success,
+    Overload,
+    Neutral,
+}
+
+impl AdaptiveLimiter {
+    /// A limiter with the given settings.
+    ///
+    /// # Errors
+    ///
+    /// A [`Config`](ErrorKind::Config) error unless
+    /// `1 <= min <= initial <= max` and the backoff ratio is in `[0.5, 1)`.
+    pub fn new(aimd: Aimd) -> Result<Self, Error> {
+        aimd.validate()?;
+        Ok(AdaptiveLimiter {
+            semaphore: Arc::new(Semaphore::new(aimd.initial)),
+            state: Mutex::new(LimitState {
+                limit: aimd.initial,
+                debt: 0,
+                successes: 0,
+                epoch: 0,
+            }),
+            aimd,
+            current: AtomicUsize::new(aimd.initial),
+            epoch: AtomicU64::new(0),
+            queued: AtomicUsize::new(0),
+        })
+    }
+
+    /// The settings.
+    pub fn aimd(&self) -> &Aimd {
+        &self.aimd
+    }
+
+    /// The current limit.
+    pub fn current_limit(&self) -> usize {
+        self.current.load(Ordering::Acquire)
+    }
+
+    /// Attempts in flight right now (between taking a slot and the response
+    /// head), counting a slot just handed to the oldest waiter. Can exceed
+    /// [`current_limit`](Self::current_limit) for a while after a decrease:
+    /// attempts in flight are never cut, the excess is not handed out again.
+    pub fn in_flight(&self) -> usize {
+        let st = self.lock();
+        (st.limit + st.debt).saturating_sub(self.semaphore.available_permits())
+    }
+
+    /// Slots free right now.
+    pub fn available(&self) -> usize {
+        self.semaphore.available_permits()
+    }
+
+    /// Attempts waiting for a slot right now.
+    pub fn queued(&self) -> usize {
+        self.queued.load(Ordering::Acquire)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, LimitState> {
+        // The state stays consistent even if a holder panicked: every update
+        // is a few integer assignments.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Record the outcome of an attempt that took its slot in `epoch`, then
+    /// give the slot back.
+    fn finish(&self, permit: OwnedSemaphorePermit, epoch: u64, outcome: Outcome) {
+        let mut st = self.lock();
+        let before = st.limit;
+        match outcome {
+            Outcome::Overload if epoch == st.epoch => {
+                let target =
+                    ((st.limit as f64 * self.aimd.backoff_ratio) as usize).max(self.aimd.min);
+                let mut excess = st.limit - target;
+                st.limit = target;
+                st.successes = 0;
+                st.epoch += 1;
+                self.epoch.store(st.epoch, Ordering::Release);
+                while excess > 0 {
+                    match self.semaphore.try_acquire() {
+                        Ok(free) => {
+                            free.forget();
+                            excess -= 1;
+                        }
+                        Err(_) => break,
+                    }
+                }
+                st.debt += excess;
+            }
+            Outcome::Success if st.limit < self.aimd.max => {
+                let in_flight =
+                    (st.limit + st.debt).saturating_sub(self.semaphore.available_permits());
+                if in_flight * 2 >= st.limit {
+                    st.successes += 1;
+                    if st.successes >= st.limit {
+                        st.successes = 0;
+                        st.limit += 1;
+                        if st.debt > 0 {
+                            st.debt -= 1;
+                        } else {
+                            self.semaphore.add_permits(1);
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+        if st.debt > 0 {
+            st.debt -= 1;
+            permit.forget();
+        } else {
+            drop(permit);
+        }
+        let after = st.limit;
+        drop(st);
+        if after != before {
+            self.current.store(after, Ordering::Release);
+            tracing::debug!(
+                current_limit = after,
+                previous_limit = before,
+                cause = if after < before {
+                    "overload"
+                } else {
+                    "success"
+                },
+                "adaptive limit changed"
+            );
+            #[cfg(feature = "metrics")]
+            metrics::gauge!("rebound_adaptive_limit").set(after as f64);
+        }
+    }
+}
+
+impl fmt::Debug for AdaptiveLimiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AdaptiveLimiter")
+            .field("aimd", &self.aimd)
+            .field("current_limit", &self.current_limit())
+            .field("available", &self.available())
+            .field("queued", &self.queued())
+            .finish()
+    }
+}
+
+/// A slot held by one attempt; released (as a neutral outcome) if dropped.
+struct Slot {
+    permit: Option<OwnedSemaphorePermit>,
+    epoch: u64,
+    limiter: Arc<AdaptiveLimiter>,
+}
+
+impl Slot {
+    fn new(permit: OwnedSemaphorePermit, limiter: &Arc<AdaptiveLimiter>) -> Self {
+        Slot {
+            permit: Some(permit),
+            epoch: limiter.epoch.load(Ordering::Acquire),
+            limiter: limiter.clone(),
+        }
+    }
+
+    fn finish(mut self, outcome: Outcome) {
+        if let Some(permit) = self.permit.take() {
+            self.limiter.finish(permit, self.epoch, outcome);
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Some(permit) = self.permit.take() {
+            self.limiter.finish(permit, self.epoch, Outcome::Neutral);
+        }
+    }
+}
+
+/// A place in the queue; leaving it gives it back.
+struct QueueSlot(Arc<AdaptiveLimiter>);
+
+impl QueueSlot {
+    fn enter(limiter: &Arc<AdaptiveLimiter>) -> Self {
+        limiter.queued.fetch_add(1, Ordering::AcqRel);
+        QueueSlot(limiter.clone())
+    }
+}
+
+impl Drop for QueueSlot {
+    fn drop(&mut self) {
+        self.0.queued.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+// === impl AdaptiveLimitLayer ===
+
+/// Limits attempts in flight with a limit that shrinks on overload (AIMD).
+///
+/// See the [module docs](self) for an example.
+///
+/// # Clone
+///
+/// Clones share the same [`AdaptiveLimiter`].
+#[derive(Clone, Debug)]
+pub struct AdaptiveLimitLayer {
+    limiter: Arc<AdaptiveLimiter>,
+}
+
+impl AdaptiveLimitLayer {
+    /// A layer with a new limiter of the given settings.
+    ///
+    /// # Errors
+    ///
+    /// See [`AdaptiveLimiter::new`].
+    pub fn new(aimd: Aimd) -> Result<Self, Error> {
+        Ok(Self::shared(Arc::new(AdaptiveLimiter::new(aimd)?)))
+    }
+
+    /// A layer over a limiter shared with other layers or clients that talk
+    /// to the same upstream.
+    pub fn shared(limiter: Arc<AdaptiveLimiter>) -> Self {
+        AdaptiveLimitLayer { limiter }
+    }
+
+    /// The limiter, to observe or to share.
+    pub fn limiter(&self) -> &Arc<AdaptiveLimiter> {
+        &self.limiter
+    }
+}
+
+impl Default for AdaptiveLimitLayer {
+    /// A layer with the default [`Aimd`] settings.
+    fn default() -> Self {
+        Self::new(Aimd::default()).expect("the default AIMD settings are valid")
+    }
+}
+
+impl<S> Layer<S> for AdaptiveLimitLayer {
+    type Service = AdaptiveLimit<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        AdaptiveLimit {
+            inner,
+            limiter: self.limiter.clone(),
+        }
+    }
+}
+
+// === impl AdaptiveLimit ===
+
+/// The service of [`AdaptiveLimitLayer`].
+///
+/// See the [module docs](self).
+///
+/// # Clone
+///
+/// Clones share the same [`AdaptiveLimiter`].
+#[derive(Clone, Debug)]
+pub struct AdaptiveLimit<S> {
+    inner: S,
+    limiter: Arc<AdaptiveLimiter>,
+}
+
+impl<S> AdaptiveLimit<S> {
+    /// Wrap `inner` with the limit of `limiter`.
+    pub fn new(inner: S, limiter: Arc<AdaptiveLimiter>) -> Self {
+        AdaptiveLimit { inner, limiter }
+    }
+
+    /// The limiter, to observe or to share.
+    pub fn limiter(&self) -> &Arc<AdaptiveLimiter> {
+        &self.limiter
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+}
+
+impl<S, ReqB, ResB> Service<Request<ReqB>> for AdaptiveLimit<S>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone,
+    S::Error: Into<BoxError>,
+{
+    type Response = Response<ResB>;
+    type Error = Error;
+    type Future = ResponseFuture<S, Request<ReqB>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner
+            .poll_ready(cx)
+            .map_err(|e| Error::from_boxed(e.into()))
+    }
+
+    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        let state = match self.limiter.semaphore.clone().try_acquire_owned() {
+            Ok(permit) => State::Called {
+                fut: self.inner.call(req),
+                slot: Some(Slot::new(permit, &self.limiter)),
+            },
+            Err(_) => {
+                let clone = self.inner.clone();
+                let svc = mem::replace(&mut self.inner, clone);
+                State::Queued {
+                    wait: wait_permit(
+                        self.limiter.semaphore.clone(),
+                        Deadline::of(req.extensions()),
+                    ),
+                    svc: Some(svc),
+                    req: Some(req),
+                    queue: Some(QueueSlot::enter(&self.limiter)),
+                }
+            }
+        };
+        ResponseFuture {
+            state,
+            limiter: self.limiter.clone(),
+        }
+    }
+}
+
+fn outcome_of_response<B>(res: &Response<B>) -> Outcome {
+    match res.status() {
+        StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE => Outcome::Overload,
+        _ if Verdict::of(res.extensions()).is_success() => Outcome::Success,
+        _ => Outcome::Neutral,
+    }
+}
+
+fn outcome_of_error(err: &Error) -> Outcome {
+    match err.kind() {
+        ErrorKind::Timeout(TimeoutStage::Headers) => Outcome::Overload,
+        _ => Outcome::Neutral,
+    }
+}
+
+// === impl ResponseFuture ===
+
+pin_project! {
+    /// The response future of [`AdaptiveLimit`]: waits for a slot (if none
+    /// was free), calls the inner service, and feeds the outcome back into
+    /// the limit.
+    #[must_use = "futures do nothing unless polled"]
+    pub struct ResponseFuture<S, R>
+    where
+        S: Service<R>,
+    {
+        #[pin]
+        state: State<S, R>,
+        limiter: Arc<AdaptiveLimiter>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<S, R>
+    where
+        S: Service<R>,
+    {
+        Queued {
+            wait: WaitPermit,
+            svc: Option<S>,
+            req: Option<R>,
+            queue: Option<QueueSlot>,
+        },
+        Called {
+            #[pin]
+            fut: S::Future,
+            slot: Option<Slot>,
+        },
+        Done,
+    }
+}
+
+impl<S, R> fmt::Debug for ResponseFuture<S, R>
+where
+    S: Service<R>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            State::Queued { .. } => "queued",
+            State::Called { .. } => "called",
+            State::Done => "done",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .finish()
+    }
+}
+
+impl<S, ReqB, ResB> Future for ResponseFuture<S, Request<ReqB>>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
+    S::Error: Into<BoxError>,
+{
+    type Output = Result<Response<ResB>, Error>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        loop {
+            let this = self.as_mut().project();
+            match this.state.project() {
+                StateProj::Queued {
+                    wait,
+                    svc,
+                    req,
+                    queue,
+                } => {
+                    let permit = ready!(wait.as_mut().poll(cx));
+                    drop(queue.take());
+                    let req = req.take().expect("polled after completion");
+                    let Some(permit) = permit else {
+                        let mut err = Error::timeout(TimeoutStage::Deadline)
+                            .with_detail("while waiting for an adaptive-limit slot")
+                            .with_request(req.method(), req.uri());
+                        err.extensions_mut().insert(Verdict::Fatal {
+                            reason: Reason::new_static("deadline passed while queued"),
+                        });
+                        self.as_mut().project().state.set(State::Done);
+                        return Poll::Ready(Err(err));
+                    };
+                    let slot = Slot::new(permit, this.limiter);
+                    let mut svc = svc.take().expect("polled after completion");
+                    let fut = svc.call(req);
+                    self.as_mut().project().state.set(State::Called {
+                        fut,
+                        slot: Some(slot),
+                    });
+                }
+                StateProj::Called { fut, slot } => {
+                    let result = ready!(fut.poll(cx));
+                    let slot = slot.take().expect("polled after completion");
+                    return Poll::Ready(match result {
+                        Ok(res) => {
+                            slot.finish(outcome_of_response(&res));
+                            Ok(res)
+                        }
+                        Err(e) => {
+                            let err = Error::from_boxed(e.into());
+                            slot.finish(outcome_of_error(&err));
+                            Err(err)
+                        }
+                    });
+                }
+                StateProj::Done => panic!("polled after completion"),
+            }
+        }
+    }
+}

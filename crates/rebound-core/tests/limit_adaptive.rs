@@ -1,0 +1,393 @@
+//! Adaptive (AIMD) limit: reacts to 429/503 responses and attempt timeouts,
+//! grows on successes, and settles near an upstream's real capacity.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::{Request, Response, StatusCode};
+use rebound_core::annotations::{Deadline, Reason, Sent, Verdict};
+use rebound_core::limit::{AdaptiveLimitLayer, AdaptiveLimiter, Aimd};
+use rebound_core::{Error, ErrorKind, TimeoutStage};
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+use tokio_test::{assert_pending, assert_ready, task};
+use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
+
+fn req() -> Request<()> {
+    Request::get("http://upstream.test/x").body(()).unwrap()
+}
+
+fn status(code: u16) -> Response<()> {
+    let mut res = Response::new(());
+    *res.status_mut() = StatusCode::from_u16(code).unwrap();
+    res
+}
+
+/// A service answering with whatever `answer` says.
+fn answering(
+    aimd: Aimd,
+    answer: impl Fn() -> Result<Response<()>, Error> + Clone + Send + 'static,
+) -> (
+    Arc<AdaptiveLimiter>,
+    impl Service<Request<()>, Response = Response<()>, Error = Error> + Clone,
+) {
+    let layer = AdaptiveLimitLayer::new(aimd).unwrap();
+    let limiter = layer.limiter().clone();
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .service(service_fn(move |_req: Request<()>| {
+            let out = answer();
+            async move { out }
+        }));
+    (limiter, svc)
+}
+
+#[test]
+fn settings_are_checked() {
+    for bad in [
+        Aimd::default().backoff_ratio(0.4),
+        Aimd::default().backoff_ratio(1.0),
+        Aimd::default().backoff_ratio(f64::NAN),
+        Aimd::default().min_limit(0),
+        Aimd::default().min_limit(30),
+        Aimd::default().initial_limit(300),
+        Aimd::default().max_limit(usize::MAX),
+    ] {
+        let err = AdaptiveLimitLayer::new(bad).unwrap_err();
+        assert!(err.is_config(), "{bad:?} accepted");
+    }
+    let ok = AdaptiveLimiter::new(Aimd::default().backoff_ratio(0.5)).unwrap();
+    assert_eq!(ok.current_limit(), 20);
+    assert_eq!(AdaptiveLimitLayer::default().limiter().current_limit(), 20);
+}
+
+#[tokio::test(start_paused = true)]
+async fn overload_statuses_and_attempt_timeouts_shrink_the_limit() {
+    let aimd = Aimd::default().initial_limit(16).backoff_ratio(0.5);
+    let (limiter, svc) = answering(aimd, || Ok(status(429)));
+    svc.oneshot(req()).await.unwrap();
+    assert_eq!(limiter.current_limit(), 8);
+
+    let (limiter, svc) = answering(aimd, || Ok(status(503)));
+    svc.oneshot(req()).await.unwrap();
+    assert_eq!(limiter.current_limit(), 8);
+
+    // A 429 is overload whatever the classifier made of it.
+    let (limiter, svc) = answering(aimd, || {
+        let mut res = status(429);
+        res.extensions_mut().insert(Verdict::Fatal {
+            reason: Reason::status(StatusCode::TOO_MANY_REQUESTS),
+        });
+        Ok(res)
+    });
+    svc.oneshot(req()).await.unwrap();
+    assert_eq!(limiter.current_limit(), 8);
+
+    let (limiter, svc) = answering(aimd, || Err(Error::timeout(TimeoutStage::Headers)));
+    let err = svc.oneshot(req()).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Timeout(TimeoutStage::Headers));
+    assert_eq!(limiter.current_limit(), 8);
+}
+
+#[tokio::test(start_paused = true)]
+async fn other_failures_leave_the_limit_alone() {
+    let aimd = Aimd::default().initial_limit(16);
+    let (limiter, mut svc) = answering(aimd, || {
+        // A 500 the classifier called retryable, a connect error: not
+        // overload, not success.
+        let mut res = status(500);
+        res.extensions_mut().insert(Verdict::Retryable {
+            reason: Reason::status(StatusCode::INTERNAL_SERVER_ERROR),
+            sent: Sent::MaybeProcessed,
+        });
+        Ok(res)
+    });
+    for _ in 0..50 {
+        svc.ready().await.unwrap().call(req()).await.unwrap();
+    }
+    assert_eq!(limiter.current_limit(), 16);
+
+    let (limiter, mut svc) = answering(aimd, || Err(Error::new(ErrorKind::Connect)));
+    for _ in 0..50 {
+        svc.ready().await.unwrap().call(req()).await.unwrap_err();
+    }
+    assert_eq!(limiter.current_limit(), 16);
+    assert_eq!(limiter.in_flight(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn successes_grow_one_per_window_while_the_limit_is_used() {
+    let aimd = Aimd::default().min_limit(1).initial_limit(2).max_limit(3);
+    // Absence of a Verdict is success.
+    let (limiter, mut svc) = answering(aimd, || Ok(status(200)));
+    svc.ready().await.unwrap().call(req()).await.unwrap();
+    assert_eq!(limiter.current_limit(), 2);
+    svc.ready().await.unwrap().call(req()).await.unwrap();
+    assert_eq!(limiter.current_limit(), 3, "a window of 2 successes adds 1");
+
+    // At limit 3, one request at a time uses less than half of it: no
+    // growth from an idle client (and never past max anyway).
+    let aimd = Aimd::default().min_limit(1).initial_limit(3).max_limit(10);
+    let (limiter, mut svc) = answering(aimd, || Ok(status(200)));
+    for _ in 0..30 {
+        svc.ready().await.unwrap().call(req()).await.unwrap();
+    }
+    assert_eq!(limiter.current_limit(), 3);
+}
+
+/// A service whose calls wait until the test lets them finish, answering
+/// with `code`.
+// The tuple names what each test needs; a type alias cannot name `impl Service`.
+#[allow(clippy::type_complexity)]
+fn gated(
+    aimd: Aimd,
+    code: u16,
+) -> (
+    Arc<AdaptiveLimiter>,
+    Arc<Semaphore>,
+    Arc<AtomicUsize>,
+    impl Service<Request<()>, Response = Response<()>, Error = Error, Future = impl Send> + Clone,
+) {
+    let release = Arc::new(Semaphore::new(0));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let layer = AdaptiveLimitLayer::new(aimd).unwrap();
+    let limiter = layer.limiter().clone();
+    let svc = {
+        let release = release.clone();
+        let calls = calls.clone();
+        ServiceBuilder::new()
+            .layer(layer)
+            .service(service_fn(move |_req: Request<()>| {
+                calls.fetch_add(1, Ordering::SeqCst);
+                let release = release.clone();
+                async move {
+                    release.acquire().await.unwrap().forget();
+                    Ok::<_, Infallible>(status(code))
+                }
+            }))
+    };
+    (limiter, release, calls, svc)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_burst_of_429s_from_one_generation_shrinks_once() {
+    let aimd = Aimd::default().initial_limit(10);
+    let (limiter, release, _calls, svc) = gated(aimd, 429);
+    let mut all: Vec<_> = (0..10)
+        .map(|_| task::spawn(svc.clone().oneshot(req())))
+        .collect();
+    for t in &mut all {
+        assert_pending!(t.poll());
+    }
+    release.add_permits(10);
+    for t in &mut all {
+        assert_ready!(t.poll()).unwrap();
+    }
+    // Ten 429s for requests sent under the same limit: one decrease.
+    assert_eq!(limiter.current_limit(), 9);
+}
+
+#[tokio::test(start_paused = true)]
+async fn shrinking_below_in_flight_holds_new_attempts_back() {
+    let aimd = Aimd::default().initial_limit(4).backoff_ratio(0.5);
+    let (limiter, release, calls, svc) = gated(aimd, 429);
+    let mut first: Vec<_> = (0..4)
+        .map(|_| task::spawn(svc.clone().oneshot(req())))
+        .collect();
+    for t in &mut first {
+        assert_pending!(t.poll());
+    }
+    let mut later: Vec<_> = (0..3)
+        .map(|_| task::spawn(svc.clone().oneshot(req())))
+        .collect();
+    for t in &mut later {
+        assert_pending!(t.poll());
+    }
+    assert_eq!((limiter.in_flight(), limiter.queued()), (4, 3));
+
+    // One 429: the limit halves to 2 while 3 are still in flight.
+    release.add_permits(1);
+    assert_ready!(first[0].poll()).unwrap();
+    assert_eq!(limiter.current_limit(), 2);
+    for t in &mut later {
+        assert_pending!(t.poll());
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 4, "sent above the new limit");
+
+    // Two more come back (same generation: no further decrease); only when
+    // in-flight drops below 2 does the oldest waiter go.
+    release.add_permits(2);
+    assert_ready!(first[1].poll()).unwrap();
+    assert_ready!(first[2].poll()).unwrap();
+    assert_eq!(limiter.current_limit(), 2);
+    // One attempt left in flight, and the freed slot already handed to the
+    // oldest waiter (FIFO), not to whoever asks first.
+    assert_eq!(limiter.in_flight(), 2);
+    assert_eq!(limiter.available(), 0);
+    assert!(later[0].is_woken());
+    assert_pending!(later[0].poll());
+    assert_pending!(later[1].poll());
+    assert_eq!(calls.load(Ordering::SeqCst), 5);
+    assert_eq!((limiter.in_flight(), limiter.queued()), (2, 2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn waiting_is_bounded_by_the_deadline_and_left_on_drop() {
+    let aimd = Aimd::default().initial_limit(1);
+    let (limiter, release, calls, svc) = gated(aimd, 200);
+    let mut held = task::spawn(svc.clone().oneshot(req()));
+    assert_pending!(held.poll());
+
+    let start = Instant::now();
+    let mut r = req();
+    r.extensions_mut()
+        .insert(Deadline(start + Duration::from_millis(250)));
+    let err = svc.clone().oneshot(r).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Timeout(TimeoutStage::Deadline));
+    assert!(err.extensions().get::<Verdict>().unwrap().is_fatal());
+    assert_eq!(start.elapsed(), Duration::from_millis(250));
+    assert_eq!(limiter.queued(), 0);
+
+    let mut dropped = task::spawn(svc.clone().oneshot(req()));
+    assert_pending!(dropped.poll());
+    assert_eq!(limiter.queued(), 1);
+    drop(dropped);
+    assert_eq!(limiter.queued(), 0);
+
+    // Dropping an attempt in flight gives its slot back at once.
+    drop(held);
+    assert_eq!(limiter.in_flight(), 0);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    let mut next = task::spawn(svc.oneshot(req()));
+    assert_pending!(next.poll());
+    release.add_permits(1);
+    assert_ready!(next.poll()).unwrap();
+}
+
+/// The scenario in miniature: an upstream that answers 429 whenever
+/// more than 10 requests are in flight; 2,000 requests offered at
+/// concurrency 100; the limit must settle near 10 and the 429 share fall
+/// below 10 % in the second half.
+#[tokio::test(start_paused = true)]
+async fn settles_near_the_upstreams_capacity() {
+    const CAPACITY: usize = 10;
+    const REQUESTS: usize = 2_000;
+    const OFFERED: usize = 100;
+
+    let baseline = tokio::runtime::Handle::current()
+        .metrics()
+        .num_alive_tasks();
+    let layer = AdaptiveLimitLayer::new(Aimd::default().min_limit(1)).unwrap();
+    let limiter = layer.limiter().clone();
+    let at_server = Arc::new(AtomicUsize::new(0));
+    let svc = {
+        let at_server = at_server.clone();
+        ServiceBuilder::new()
+            .layer(layer)
+            .service(service_fn(move |_req: Request<()>| {
+                let n = at_server.fetch_add(1, Ordering::SeqCst) + 1;
+                let at_server = at_server.clone();
+                async move {
+                    let res = if n > CAPACITY {
+                        status(429) // rejected at once
+                    } else {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        status(200)
+                    };
+                    at_server.fetch_sub(1, Ordering::SeqCst);
+                    Ok::<_, Infallible>(res)
+                }
+            }))
+    };
+
+    // (status, limit after the outcome), in completion order.
+    let log = Arc::new(Mutex::new(Vec::with_capacity(REQUESTS)));
+    let next = Arc::new(AtomicUsize::new(0));
+    let workers: Vec<_> = (0..OFFERED)
+        .map(|_| {
+            let (svc, log, next, limiter) =
+                (svc.clone(), log.clone(), next.clone(), limiter.clone());
+            tokio::spawn(async move {
+                while next.fetch_add(1, Ordering::SeqCst) < REQUESTS {
+                    let res = svc.clone().oneshot(req()).await.unwrap();
+                    log.lock()
+                        .unwrap()
+                        .push((res.status(), limiter.current_limit()));
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.await.unwrap();
+    }
+
+    let log = log.lock().unwrap();
+    assert_eq!(log.len(), REQUESTS);
+    let trajectory: Vec<usize> = log.iter().step_by(100).map(|(_, l)| *l).collect();
+    println!("limit every 100 completions: {trajectory:?}");
+    let share = |part: &[(StatusCode, usize)]| {
+        part.iter()
+            .filter(|(s, _)| *s == StatusCode::TOO_MANY_REQUESTS)
+            .count() as f64
+            / part.len() as f64
+    };
+    let (first, second) = log.split_at(REQUESTS / 2);
+    let limits: Vec<usize> = second.iter().map(|(_, l)| *l).collect();
+    let (lo, hi) = (*limits.iter().min().unwrap(), *limits.iter().max().unwrap());
+    let mean = limits.iter().sum::<usize>() as f64 / limits.len() as f64;
+    println!(
+        "429 share: first half {:.1} %, second half {:.1} %; second-half limit {lo}..={hi}, mean {mean:.1}",
+        share(first) * 100.0,
+        share(second) * 100.0
+    );
+    assert!(share(second) < 0.10, "429 share too high");
+    assert!(
+        (7..=13).contains(&lo) && (7..=13).contains(&hi),
+        "did not settle near 10"
+    );
+    assert_eq!(limiter.in_flight(), 0);
+    assert_eq!(limiter.queued(), 0);
+    assert_eq!(
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks(),
+        baseline
+    );
+}
+
+/// Collects formatted log lines.
+#[derive(Clone, Default)]
+struct Lines(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Lines {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_change_is_a_debug_event_with_the_current_limit() {
+    let lines = Lines::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_writer({
+            let lines = lines.clone();
+            move || lines.clone()
+        })
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let (limiter, svc) = answering(Aimd::default().initial_limit(10), || Ok(status(503)));
+    svc.oneshot(req()).await.unwrap();
+    assert_eq!(limiter.current_limit(), 9);
+    let out = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+    assert!(out.contains("current_limit=9"), "{out}");
+    assert!(out.contains("previous_limit=10"), "{out}");
+}
