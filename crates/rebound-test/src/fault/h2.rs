@@ -77,7 +77,9 @@ impl std::fmt::Display for Fault {
 impl std::error::Error for Fault {}
 
 fn empty() -> ResBody {
-    Empty::new().map_err(|e: Infallible| match e {}).boxed_unsync()
+    Empty::new()
+        .map_err(|e: Infallible| match e {})
+        .boxed_unsync()
 }
 
 async fn handle(
@@ -130,10 +132,7 @@ async fn handle(
 fn connection_specific(name: &HeaderName) -> bool {
     name == CONNECTION
         || name == TRANSFER_ENCODING
-        || matches!(
-            name.as_str(),
-            "keep-alive" | "proxy-connection" | "upgrade"
-        )
+        || matches!(name.as_str(), "keep-alive" | "proxy-connection" | "upgrade")
 }
 
 fn respond(reply: Reply, in_flight: InFlight) -> Response<ResBody> {
@@ -150,26 +149,23 @@ fn respond(reply: Reply, in_flight: InFlight) -> Response<ResBody> {
         res = res.header(CONTENT_LENGTH, reply.body.len());
     }
     let plan = BodyPlan::new(&reply);
-    let frames = stream::unfold(
-        Some((plan, reply.end, in_flight)),
-        |state| async move {
-            let (mut plan, end, in_flight) = state?;
-            match plan.next_chunk().await {
-                Some(chunk) => Some((Ok(Frame::data(chunk)), Some((plan, end, in_flight)))),
-                None => match end {
-                    End::Complete => None,
-                    End::Stall(_) => {
-                        std::future::pending::<()>().await;
-                        None
-                    }
-                    End::Truncate(_) | End::Reset(_) => {
-                        let err: BoxError = Box::new(Fault("scripted body fault"));
-                        Some((Err(err), None))
-                    }
-                },
-            }
-        },
-    );
+    let frames = stream::unfold(Some((plan, reply.end, in_flight)), |state| async move {
+        let (mut plan, end, in_flight) = state?;
+        match plan.next_chunk().await {
+            Some(chunk) => Some((Ok(Frame::data(chunk)), Some((plan, end, in_flight)))),
+            None => match end {
+                End::Complete => None,
+                End::Stall(_) => {
+                    std::future::pending::<()>().await;
+                    None
+                }
+                End::Truncate(_) | End::Reset(_) => {
+                    let err: BoxError = Box::new(Fault("scripted body fault"));
+                    Some((Err(err), None))
+                }
+            },
+        }
+    });
     let body = StreamBody::new(frames).boxed_unsync();
     // The status and headers were validated when the action was built.
     res.body(body).unwrap_or_else(|_| Response::new(empty()))

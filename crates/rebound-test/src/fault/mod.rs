@@ -389,11 +389,7 @@ impl FaultServer {
     /// # Errors
     ///
     /// [`WaitTimeout`] if the time ran out first.
-    pub async fn wait_for_connections(
-        &self,
-        n: u64,
-        timeout: Duration,
-    ) -> Result<(), WaitTimeout> {
+    pub async fn wait_for_connections(&self, n: u64, timeout: Duration) -> Result<(), WaitTimeout> {
         self.shared.wait_connections(n, timeout).await
     }
 
