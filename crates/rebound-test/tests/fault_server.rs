@@ -646,3 +646,64 @@ async fn dropping_the_server_ends_its_stalls_and_tasks() {
     let (_, end) = read_all(&mut conn, SOON).await;
     assert_ne!(end, End::Quiet);
 }
+
+#[tokio::test]
+async fn default_connection_action_hangs_every_handshake() {
+    let server = FaultServer::builder()
+        .default_connection(ConnectionAction::hang_tls())
+        .tls()
+        .start()
+        .await;
+    let client = tls_client(&server, false);
+    for _ in 0..2 {
+        let req = http::Request::get(server.url("/"))
+            .body(Full::default())
+            .unwrap();
+        assert!(timeout(QUIET, client.request(req)).await.is_err());
+    }
+    assert_eq!(server.connections(), 2);
+    assert_eq!(server.request_count(), 0);
+}
+
+#[tokio::test]
+async fn refused_addr_refuses() {
+    let addr = rebound_test::fault::refused_addr().unwrap();
+    let err = TcpStream::connect(addr).await.unwrap_err();
+    assert_eq!(err.kind(), io::ErrorKind::ConnectionRefused);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn waiting_connections_end_when_their_clients_leave() {
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let server = FaultServer::builder()
+        .connections([ConnectionAction::never_read()])
+        .route("/never", [Action::never_respond()])
+        .route(
+            "/delay",
+            [Action::status(200).delay(Duration::from_secs(60))],
+        )
+        .route("/stall", [Action::stall_body()])
+        .start()
+        .await;
+    let idle = metrics.num_alive_tasks();
+    let mut clients = vec![connect_and_send(&server, &get("/")).await];
+    server.wait_for_connections(1, SOON).await.unwrap();
+    for path in ["/never", "/delay", "/stall"] {
+        clients.push(connect_and_send(&server, &get(path)).await);
+    }
+    server.wait_for_requests(3, SOON).await.unwrap();
+    assert_eq!(metrics.num_alive_tasks(), idle + 4);
+    assert_eq!(server.in_flight(), 3);
+
+    drop(clients);
+    let deadline = Instant::now() + SOON;
+    while metrics.num_alive_tasks() > idle && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        metrics.num_alive_tasks(),
+        idle,
+        "a connection task outlived its client"
+    );
+    assert_eq!(server.in_flight(), 0);
+}

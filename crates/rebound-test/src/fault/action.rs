@@ -293,9 +293,14 @@ impl ConnectionAction {
         }
     }
 
-    /// Accept the TCP connection and never read from it nor write to it,
-    /// until the client closes it... which the server does not notice:
-    /// the socket is held until the server is dropped.
+    /// Accept the TCP connection and never process a byte of it: no TLS
+    /// handshake, no request, no response, until the client leaves or the
+    /// server is dropped.
+    ///
+    /// The first 64 KiB the client sends are drained and discarded, only so
+    /// that the server notices the client leaving; past that nothing is
+    /// read, so a client writing a larger request blocks as it would
+    /// against a server that never reads.
     pub fn never_read() -> Self {
         ConnectionAction {
             kind: ConnKind::NeverRead,

@@ -25,6 +25,8 @@ const MAX_HEADERS: usize = 128;
 const MAX_BODY: u64 = 64 * 1024 * 1024;
 /// The largest chunk-size or trailer line.
 const MAX_LINE: usize = 8 * 1024;
+/// How much of a never-read connection is drained to notice its end.
+pub(crate) const NEVER_READ_DRAIN: usize = 64 * 1024;
 
 /// A byte stream with a TCP socket underneath, which can be reset.
 pub(crate) trait Socket: AsyncRead + AsyncWrite + Unpin + Send {
@@ -63,6 +65,44 @@ pub(crate) async fn drain_until_closed<S: Socket>(io: &mut S) {
             Ok(_) => {}
         }
     }
+}
+
+/// Sleeps for `delay` while watching the connection, so that a client that
+/// leaves ends the wait; bytes that arrive meanwhile (a pipelined request)
+/// are kept in `buf` for the parser. Returns whether the client is still
+/// there.
+async fn sleep_watching<S: Socket>(io: &mut S, buf: &mut BytesMut, delay: Duration) -> bool {
+    let sleep = tokio::time::sleep(delay);
+    tokio::pin!(sleep);
+    loop {
+        if buf.len() > MAX_HEAD {
+            // Enough buffered; stop reading and just wait.
+            sleep.await;
+            return true;
+        }
+        tokio::select! {
+            _ = &mut sleep => return true,
+            read = io.read_buf(buf) => match read {
+                Ok(0) | Err(_) => return false,
+                Ok(_) => {}
+            },
+        }
+    }
+}
+
+/// Holds a connection without processing a byte of it. The first
+/// [`NEVER_READ_DRAIN`] bytes are drained and discarded, only so that a
+/// client that leaves ends the wait; past that nothing is read any more.
+pub(crate) async fn hold_unprocessed(mut tcp: TcpStream) {
+    let mut scratch = [0u8; 4096];
+    let mut drained = 0;
+    while drained < NEVER_READ_DRAIN {
+        match tcp.read(&mut scratch).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => drained += n,
+        }
+    }
+    std::future::pending::<()>().await
 }
 
 enum Framing {
@@ -117,7 +157,7 @@ pub(crate) async fn serve<S: Socket>(mut io: S, connection: u64, shared: Arc<Sha
             },
             body,
         );
-        match act(&mut io, action, is_head, &shared).await {
+        match act(&mut io, &mut buf, action, is_head, &shared).await {
             Ok(Next::KeepAlive) if keep_alive => {}
             Ok(Next::KeepAlive) | Ok(Next::Close) => {
                 let _ = io.shutdown().await;
@@ -141,6 +181,7 @@ enum Next {
 
 async fn act<S: Socket>(
     io: &mut S,
+    buf: &mut BytesMut,
     action: Action,
     is_head: bool,
     shared: &Shared,
@@ -153,8 +194,9 @@ async fn act<S: Socket>(
             return Ok(Next::KeepAlive);
         }
     }
-    if !action.delay.is_zero() {
-        tokio::time::sleep(action.delay).await;
+    if !action.delay.is_zero() && !sleep_watching(io, buf, action.delay).await {
+        // The client left during the delay: nothing to answer.
+        return Ok(Next::Close);
     }
     match action.kind {
         Kind::NeverRespond => Ok(Next::Drain),

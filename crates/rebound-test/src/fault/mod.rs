@@ -44,7 +44,9 @@
 //! Each accepted connection first takes the next entry of the
 //! [connection queue](FaultServerBuilder::connections) (a
 //! [`ConnectionAction`]: serve, never read, hang the TLS handshake, close,
-//! reset); once that queue is empty, connections are served.
+//! reset); once that queue is empty, it gets the
+//! [default connection action](FaultServerBuilder::default_connection)
+//! (serve, unless set).
 //!
 //! On a served connection, each request is read completely, recorded, and
 //! answered with an [`Action`] chosen by its **path** (the query is ignored
@@ -53,9 +55,12 @@
 //! its queue is used up, the [default](FaultServerBuilder::default) action
 //! (a `200` with an empty body unless set).
 //!
-//! So the precedence is: connection action, then the path's queue, then the
-//! default. Queues can be extended while the server runs
-//! ([`FaultServer::route`], [`FaultServer::push_connections`]).
+//! So the precedence is: the connection's action (a connection that is not
+//! served never gets to requests), then the path's queue, then the default
+//! action. Queues can be extended and defaults replaced while the server
+//! runs ([`FaultServer::route`], [`FaultServer::set_default`],
+//! [`FaultServer::push_connections`],
+//! [`FaultServer::set_default_connection`]).
 //!
 //! # Protocols
 //!
@@ -78,8 +83,10 @@
 //!
 //! Every task the server starts stops when the [`FaultServer`] is dropped:
 //! stalls, trickles and never-answered requests included. A connection that
-//! waits without answering (a stall, [`Action::never_respond`]) also ends
-//! when its client closes it, so it does not outlive the client's request.
+//! waits (a delay, a stall, [`Action::never_respond`],
+//! [`ConnectionAction::never_read`]) also ends when its client closes it,
+//! so the server's tasks do not outlive the client's requests (tests that
+//! count the runtime's alive tasks can rely on it).
 //! [`FaultServer::shutdown`] stops the server and waits until all its tasks
 //! are gone.
 
@@ -139,6 +146,7 @@ pub struct FaultServerBuilder {
     routes: HashMap<String, VecDeque<Action>>,
     default: Action,
     connections: VecDeque<ConnectionAction>,
+    default_connection: ConnectionAction,
     tls: bool,
 }
 
@@ -163,10 +171,19 @@ impl FaultServerBuilder {
     }
 
     /// Queues actions for the next accepted connections, one per connection
-    /// in accept order; after the last, connections are served. Default:
-    /// empty (every connection is served).
+    /// in accept order; after the last, connections get the
+    /// [default connection action](Self::default_connection). Default:
+    /// empty.
     pub fn connections(mut self, actions: impl IntoIterator<Item = ConnectionAction>) -> Self {
         self.connections.extend(actions);
+        self
+    }
+
+    /// The action for connections the connection queue does not cover, e.g.
+    /// `ConnectionAction::hang_tls()` to hang every handshake, retries
+    /// included. Default: `ConnectionAction::serve()`.
+    pub fn default_connection(mut self, action: ConnectionAction) -> Self {
+        self.default_connection = action;
         self
     }
 
@@ -191,7 +208,12 @@ impl FaultServerBuilder {
         };
         let listener = TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0)).await?;
         let addr = listener.local_addr()?;
-        let shared = Shared::new(Script::new(self.routes, self.default, self.connections));
+        let shared = Shared::new(Script::new(
+            self.routes,
+            self.default,
+            self.connections,
+            self.default_connection,
+        ));
         let cancel = CancellationToken::new();
         let tracker = TaskTracker::new();
         let acceptor = tls
@@ -267,11 +289,7 @@ async fn accept_loop(listener: TcpListener, ctx: Ctx) {
 async fn connection(tcp: TcpStream, id: u64, action: ConnectionAction, ctx: Ctx) {
     let _ = tcp.set_nodelay(true);
     match action.kind {
-        ConnKind::NeverRead => {
-            // Hold the socket, unread, until the server is dropped.
-            let _held = tcp;
-            std::future::pending::<()>().await
-        }
+        ConnKind::NeverRead => h1::hold_unprocessed(tcp).await,
         ConnKind::Close => drop(tcp),
         ConnKind::Reset => h1::reset(tcp),
         ConnKind::Serve => match ctx.acceptor {
@@ -291,13 +309,15 @@ async fn connection(tcp: TcpStream, id: u64, action: ConnectionAction, ctx: Ctx)
 }
 
 impl FaultServer {
-    /// A builder with no route, no connection action, the default action
-    /// `Action::status(200)`, and plain TCP.
+    /// A builder with no route, no queued connection action, the default
+    /// action `Action::status(200)`, the default connection action
+    /// `ConnectionAction::serve()`, and plain TCP.
     pub fn builder() -> FaultServerBuilder {
         FaultServerBuilder {
             routes: HashMap::new(),
             default: Action::status(200),
             connections: VecDeque::new(),
+            default_connection: ConnectionAction::serve(),
             tls: false,
         }
     }
@@ -410,6 +430,11 @@ impl FaultServer {
         self.shared.push_connections(actions);
     }
 
+    /// Replaces the default connection action while the server runs.
+    pub fn set_default_connection(&self, action: ConnectionAction) {
+        self.shared.set_default_connection(action);
+    }
+
     /// Stops accepting, ends every connection, and waits until every task
     /// the server started is gone (dropping the server stops them too, but
     /// does not wait).
@@ -418,6 +443,20 @@ impl FaultServer {
         self.tracker.close();
         self.tracker.wait().await;
     }
+}
+
+/// An address on `127.0.0.1` where nothing listens (a port bound, then
+/// released), for "connection refused" tests.
+///
+/// Another process could take the port in between; on a test machine that
+/// is rare enough to ignore.
+///
+/// # Errors
+///
+/// If no port can be bound on the loopback interface.
+pub fn refused_addr() -> io::Result<SocketAddr> {
+    let listener = std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))?;
+    listener.local_addr()
 }
 
 impl Drop for FaultServer {

@@ -99,6 +99,7 @@ pub(crate) struct Script {
     routes: HashMap<String, VecDeque<Action>>,
     default: Action,
     connections: VecDeque<ConnectionAction>,
+    default_connection: ConnectionAction,
 }
 
 impl Script {
@@ -106,11 +107,13 @@ impl Script {
         routes: HashMap<String, VecDeque<Action>>,
         default: Action,
         connections: VecDeque<ConnectionAction>,
+        default_connection: ConnectionAction,
     ) -> Self {
         Script {
             routes,
             default,
             connections,
+            default_connection,
         }
     }
 }
@@ -165,12 +168,14 @@ impl Shared {
 
     /// Counts an accepted connection; returns its id and what to do with it.
     pub(crate) fn accept(&self) -> (u64, ConnectionAction) {
-        let action = self
-            .lock()
-            .script
-            .connections
-            .pop_front()
-            .unwrap_or_else(ConnectionAction::serve);
+        let action = {
+            let mut state = self.lock();
+            let script = &mut state.script;
+            script
+                .connections
+                .pop_front()
+                .unwrap_or_else(|| script.default_connection.clone())
+        };
         let mut id = 0;
         self.accepted.send_modify(|n| {
             id = *n;
@@ -219,6 +224,10 @@ impl Shared {
 
     pub(crate) fn set_default(&self, action: Action) {
         self.lock().script.default = action;
+    }
+
+    pub(crate) fn set_default_connection(&self, action: ConnectionAction) {
+        self.lock().script.default_connection = action;
     }
 
     pub(crate) fn push_connections(&self, actions: impl IntoIterator<Item = ConnectionAction>) {
