@@ -707,3 +707,43 @@ async fn waiting_connections_end_when_their_clients_leave() {
     );
     assert_eq!(server.in_flight(), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_keeps_an_exact_peak_and_counts() {
+    use futures_util::StreamExt;
+    const REQUESTS: usize = 2_000;
+    const CONCURRENCY: usize = 32;
+    let server = FaultServer::builder()
+        .default(Action::status(200).delay(Duration::from_millis(1)))
+        .start()
+        .await;
+    let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
+    let uri: http::Uri = server.url("/load").parse().unwrap();
+    let statuses: Vec<u16> = futures_util::stream::iter(0..REQUESTS)
+        .map(|_| {
+            let (client, uri) = (client.clone(), uri.clone());
+            async move {
+                let res = client.get(uri).await.unwrap();
+                let status = res.status().as_u16();
+                res.into_body().collect().await.unwrap();
+                status
+            }
+        })
+        .buffer_unordered(CONCURRENCY)
+        .collect()
+        .await;
+    assert!(statuses.iter().all(|&s| s == 200));
+    assert_eq!(server.request_count(), REQUESTS as u64);
+    assert!(
+        server.peak_in_flight() <= CONCURRENCY,
+        "{}",
+        server.peak_in_flight()
+    );
+    assert!(server.peak_in_flight() > 1, "requests overlapped");
+    assert!(
+        server.connections() <= CONCURRENCY as u64 * 2,
+        "connections were reused"
+    );
+    let requests = server.requests();
+    assert!(requests.iter().enumerate().all(|(i, r)| r.index == i));
+}
