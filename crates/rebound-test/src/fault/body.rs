@@ -59,6 +59,11 @@ impl BodyPlan {
         }
     }
 
+    /// Whether every byte to send before the ending has been handed out.
+    pub(crate) fn is_done(&self) -> bool {
+        self.sent >= self.limit
+    }
+
     /// The next chunk to write, after waiting for the pace; `None` when the
     /// bytes to send before the ending have all been handed out.
     pub(crate) async fn next_chunk(&mut self) -> Option<Bytes> {

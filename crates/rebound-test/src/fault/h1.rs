@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use super::action::{Action, End, Kind, Reply};
 use super::body::BodyPlan;
-use super::recorder::{Incoming, Shared};
+use super::recorder::{InFlight, Incoming, Shared};
 
 /// The largest request head accepted.
 const MAX_HEAD: usize = 64 * 1024;
@@ -131,7 +131,10 @@ pub(crate) async fn serve<S: Socket>(mut io: S, connection: u64, shared: Arc<Sha
             Ok(None) | Err(_) => return,
         };
         let received_at = Instant::now();
-        let _in_flight = shared.enter();
+        // Ends just before the last byte of the response is written, so
+        // that a client never sees its request done while the server still
+        // counts it in flight (peaks seen by the server are exact).
+        let mut in_flight = Some(shared.enter());
         if head.expect_continue
             && io
                 .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
@@ -157,13 +160,18 @@ pub(crate) async fn serve<S: Socket>(mut io: S, connection: u64, shared: Arc<Sha
             },
             body,
         );
-        match act(&mut io, &mut buf, action, is_head, &shared).await {
+        let next = act(&mut io, &mut buf, action, is_head, &shared, &mut in_flight).await;
+        match next {
             Ok(Next::KeepAlive) if keep_alive => {}
             Ok(Next::KeepAlive) | Ok(Next::Close) => {
+                drop(in_flight);
                 let _ = io.shutdown().await;
                 return;
             }
-            Ok(Next::Reset) => return reset(io),
+            Ok(Next::Reset) => {
+                drop(in_flight);
+                return reset(io);
+            }
             Ok(Next::Drain) => return drain_until_closed(&mut io).await,
             Err(_) => return,
         }
@@ -185,9 +193,11 @@ async fn act<S: Socket>(
     action: Action,
     is_head: bool,
     shared: &Shared,
+    in_flight: &mut Option<InFlight>,
 ) -> io::Result<Next> {
     if let Some(max) = action.reject_above {
         if shared.in_flight() > max {
+            in_flight.take();
             io.write_all(b"HTTP/1.1 429 Too Many Requests\r\ncontent-length: 0\r\n\r\n")
                 .await?;
             io.flush().await?;
@@ -207,11 +217,16 @@ async fn act<S: Socket>(
             io.flush().await?;
             Ok(Next::Reset)
         }
-        Kind::Respond(reply) => respond(io, &reply, is_head).await,
+        Kind::Respond(reply) => respond(io, &reply, is_head, in_flight).await,
     }
 }
 
-async fn respond<S: Socket>(io: &mut S, reply: &Reply, is_head: bool) -> io::Result<Next> {
+async fn respond<S: Socket>(
+    io: &mut S,
+    reply: &Reply,
+    is_head: bool,
+    in_flight: &mut Option<InFlight>,
+) -> io::Result<Next> {
     let no_body = is_head
         || reply.status.is_informational()
         || reply.status == StatusCode::NO_CONTENT
@@ -241,6 +256,11 @@ async fn respond<S: Socket>(io: &mut S, reply: &Reply, is_head: bool) -> io::Res
         }
     }
     head.extend_from_slice(b"\r\n");
+    let mut plan = BodyPlan::new(reply);
+    let complete = reply.end == End::Complete;
+    if no_body || (complete && !chunked && plan.is_done()) {
+        in_flight.take();
+    }
     io.write_all(&head).await?;
     io.flush().await?;
 
@@ -252,8 +272,10 @@ async fn respond<S: Socket>(io: &mut S, reply: &Reply, is_head: bool) -> io::Res
         });
     }
 
-    let mut plan = BodyPlan::new(reply);
     while let Some(chunk) = plan.next_chunk().await {
+        if complete && !chunked && plan.is_done() {
+            in_flight.take();
+        }
         if chunked {
             io.write_all(format!("{:x}\r\n", chunk.len()).as_bytes())
                 .await?;
@@ -267,6 +289,7 @@ async fn respond<S: Socket>(io: &mut S, reply: &Reply, is_head: bool) -> io::Res
     match reply.end {
         End::Complete => {
             if chunked {
+                in_flight.take();
                 io.write_all(b"0\r\n\r\n").await?;
                 io.flush().await?;
             }
