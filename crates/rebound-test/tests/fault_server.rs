@@ -747,3 +747,30 @@ async fn load_keeps_an_exact_peak_and_counts() {
     let requests = server.requests();
     assert!(requests.iter().enumerate().all(|(i, r)| r.index == i));
 }
+
+#[tokio::test]
+async fn script_can_change_while_running() {
+    let server = FaultServer::builder().start().await;
+    server.route("/a", [Action::status(418)]);
+    server.set_default(Action::status(202));
+    server.push_connections([ConnectionAction::reset()]);
+
+    let mut conn = connect_and_send(&server, &get("/a")).await;
+    assert_eq!(read_all(&mut conn, SOON).await.1, End::Reset);
+
+    // HTTP/1.0 without keep-alive: one response, then the server closes.
+    let mut conn = connect_and_send(&server, "GET /a HTTP/1.0\r\n\r\n").await;
+    let (raw, end) = read_all(&mut conn, SOON).await;
+    assert_eq!(end, End::Eof);
+    assert!(raw.starts_with(b"HTTP/1.1 418 I'm a teapot\r\n"));
+
+    let mut conn = connect_and_send(&server, "GET /b HTTP/1.0\r\n\r\n").await;
+    let (raw, _) = read_all(&mut conn, SOON).await;
+    assert!(raw.starts_with(b"HTTP/1.1 202 Accepted\r\n"));
+
+    server.set_default_connection(ConnectionAction::close());
+    let mut conn = TcpStream::connect(server.addr()).await.unwrap();
+    assert_eq!(read_all(&mut conn, SOON).await, (Vec::new(), End::Eof));
+    assert_eq!(server.connections(), 4);
+    assert_eq!(server.request_count(), 2);
+}

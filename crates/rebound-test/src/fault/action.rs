@@ -161,8 +161,8 @@ impl Action {
     /// Answer `429 Too Many Requests` at once (no delay, empty body) when
     /// more than `max_in_flight` requests, this one included, are in flight
     /// at the server when this request has been read; otherwise act as
-    /// scripted. A request is in flight from the moment its head is read
-    /// until its response is completely written or its connection is gone.
+    /// scripted. See [`FaultServer::in_flight`](super::FaultServer::in_flight)
+    /// for what counts as in flight.
     ///
     /// This makes an upstream with a hidden concurrency limit, for load
     /// tests of adaptive limits. Default: never rejects.

@@ -75,6 +75,15 @@
 //! [`Action::reset_mid_headers`], truncations and mid-body resets reset
 //! the stream (`RST_STREAM`) instead of the connection.
 //!
+//! # Limits
+//!
+//! Request heads up to 64 KiB and 128 headers, request bodies up to
+//! 64 MiB (`content-length` or chunked); past that the connection is
+//! closed. A client that half-closes its side of the connection
+//! (`shutdown(Write)`) while a response is delayed or stalled is taken as
+//! gone. The server logs nothing (no request detail can leak into a test's
+//! captured logs).
+//!
 //! HTTP/1.1 is written by hand, byte by byte, so that resets
 //! (`SO_LINGER` 0), truncations and half-written heads are exact; HTTP/2
 //! goes through hyper's server.
@@ -382,8 +391,13 @@ impl FaultServer {
         self.shared.connection_count()
     }
 
-    /// How many requests are in flight now: head read, response not yet
-    /// completely written, connection still there.
+    /// How many requests are in flight now. A request is in flight from the
+    /// moment its head has been read until the last write of its response
+    /// begins (or, for an action that ends without a complete response,
+    /// until the connection is closed, reset or left by the client). So the
+    /// server never counts a request that its client already considers
+    /// done, and [`peak_in_flight`](Self::peak_in_flight) never exceeds the
+    /// client's own concurrency.
     pub fn in_flight(&self) -> usize {
         self.shared.in_flight()
     }
