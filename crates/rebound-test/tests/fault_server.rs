@@ -774,3 +774,24 @@ async fn script_can_change_while_running() {
     assert_eq!(server.connections(), 4);
     assert_eq!(server.request_count(), 2);
 }
+
+#[tokio::test(start_paused = true)]
+async fn delays_follow_a_paused_clock() {
+    let server = FaultServer::builder()
+        .default(Action::status(200).delay(Duration::from_secs(30)))
+        .start()
+        .await;
+    let started = Instant::now();
+    let mut conn = connect_and_send(&server, &get("/paused")).await;
+    // Bounded in virtual time: the clock jumps to the server's 30 s timer
+    // first, long before this one.
+    let mut buf = [0u8; 12];
+    timeout(Duration::from_secs(3600), conn.read_exact(&mut buf))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&buf, b"HTTP/1.1 200");
+    assert!(started.elapsed() >= Duration::from_secs(30));
+    assert!(started.elapsed() < Duration::from_secs(3600));
+    assert!(server.requests()[0].received_at < started + Duration::from_secs(1));
+}

@@ -75,6 +75,14 @@
 //! [`Action::reset_mid_headers`], truncations and mid-body resets reset
 //! the stream (`RST_STREAM`) instead of the connection.
 //!
+//! # Time
+//!
+//! Delays, trickles and arrival times use `tokio::time`, so they follow a
+//! paused clock (`#[tokio::test(start_paused = true)]`): a 30 s delay
+//! costs no wall-clock time there. Beware that a paused clock also jumps
+//! over a client's own timeouts whenever the runtime is idle, real sockets
+//! or not.
+//!
 //! # Limits
 //!
 //! Request heads up to 64 KiB and 128 headers, request bodies up to
