@@ -1,1 +1,0 @@
-//! TODO: the fault server (being written).
