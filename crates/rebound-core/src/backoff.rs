@@ -465,7 +465,7 @@ fn propose(
 }
 
 pub mod future {
-    //! The response future of [`BackoffService`](super::BackoffService).
+    //! The response future of [`BackoffService`].
 
     use super::*;
 

@@ -334,7 +334,7 @@ impl<S, C: Clone> Layer<S> for ClassifyLayer<C> {
 ///
 /// Inner errors are turned into [`Error`] (an inner `rebound::Error` is kept
 /// as is) and carry the verdict in their extensions.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub struct Classify<S, C> {
     inner: S,
     classifier: C,
@@ -393,7 +393,7 @@ where
 }
 
 pub mod future {
-    //! The response future of [`Classify`](super::Classify).
+    //! The response future of [`Classify`].
 
     use super::*;
 

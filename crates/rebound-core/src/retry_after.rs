@@ -422,7 +422,7 @@ where
 }
 
 pub mod future {
-    //! The response future of [`RetryAfter`](super::RetryAfter).
+    //! The response future of [`RetryAfter`].
 
     use super::*;
 

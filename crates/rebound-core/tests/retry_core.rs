@@ -129,7 +129,8 @@ async fn three_503_give_the_last_503_with_its_body() {
 
 #[tokio::test(start_paused = true)]
 async fn attempts_are_stamped_and_history_carried() {
-    let seen: Arc<Mutex<Vec<(u32, Option<PreviousAttempt>)>>> = Arc::default();
+    type Seen = Arc<Mutex<Vec<(u32, Option<PreviousAttempt>)>>>;
+    let seen: Seen = Arc::default();
     let inner = {
         let seen = seen.clone();
         tower::service_fn(move |req: Request<Full<Bytes>>| {
@@ -412,6 +413,8 @@ type Probe = (
     Arc<Mutex<Vec<Instant>>>,
 );
 
+type DrainResponse = Response<http_body_util::Either<Tracked, Full<Bytes>>>;
+
 /// A 503 with Retry-After: 3 and a tracked body, then a 200.
 fn draining_service(
     chunks: usize,
@@ -420,7 +423,7 @@ fn draining_service(
 ) -> (
     impl tower::Service<
             Request<Full<Bytes>>,
-            Response = Response<http_body_util::Either<Tracked, Full<Bytes>>>,
+            Response = DrainResponse,
             Error = BoxError,
             Future = impl Send,
         > + Clone,

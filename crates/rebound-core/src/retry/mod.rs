@@ -58,12 +58,12 @@
 //! 2. the request is eligible: its method is in the
 //!    [policy](RetryPolicy::eligible_methods) (GET, HEAD, OPTIONS, TRACE,
 //!    PUT, DELETE by default), or it carries an
-//!    [`IdempotencyKey`](crate::IdempotencyKey) annotation or an
+//!    [`IdempotencyKey`] annotation or an
 //!    `Idempotency-Key` header, or the verdict says
 //!    [`Sent::NotSent`](crate::Sent);
 //! 3. attempts remain ([`RetryPolicy::max_attempts`], 3 by default);
 //! 4. the next attempt can start before the request's
-//!    [`Deadline`](crate::Deadline), if any, after the
+//!    [`Deadline`], if any, after the
 //!    [`ProposedDelay`](crate::ProposedDelay) (the Retry-After hint if there
 //!    is no backoff layer, else zero);
 //! 5. the [`RetryBudget`] allows it (checked last, so a retry refused for
@@ -78,7 +78,7 @@
 //! Every attempt after the first carries [`Attempt(n)`](crate::Attempt) and a
 //! [`PreviousAttempt`](crate::PreviousAttempt) (verdict, Retry-After hint,
 //! the delay waited). The body of each attempt is a fresh
-//! [`ReplayableBody::try_replay`](crate::body::ReplayableBody::try_replay)
+//! [`ReplayableBody::try_replay`]
 //! copy; a body that cannot be replayed is sent once and not retried
 //! ([`RetryStop::NotReplayable`](crate::RetryStop::NotReplayable), verdict
 //! rewritten to `Fatal { reason: "body not replayable" }`).
