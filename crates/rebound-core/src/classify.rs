@@ -98,6 +98,9 @@ where
     }
 }
 
+// `Classifier` stays object safe, so it can be used as `dyn Classifier<B>`.
+fn _obj_safe(_: &dyn Classifier<()>) {}
+
 // ===== HttpClassifier =====
 
 /// The default HTTP classifier; see the [module docs](self) for its table.

@@ -630,3 +630,51 @@ async fn budget_allows_rare_failures() {
     assert!(allowed > 50, "failures happened: {allowed}");
     assert!(share >= 0.99, "{share}");
 }
+
+// ===== readiness, step by step =====
+
+#[tokio::test(start_paused = true)]
+async fn retry_waits_for_the_inner_service_to_be_ready() {
+    let (mock, mut handle) =
+        tower_test::mock::pair::<Request<Full<Bytes>>, Response<Full<Bytes>>>();
+    let svc = stack_with(mock, RetryPolicy::default());
+    handle.allow(1);
+    let mut fut = tokio_test::task::spawn(svc.oneshot(get()));
+    tokio_test::assert_pending!(fut.poll());
+
+    let (first, respond) = handle.next_request().await.unwrap();
+    assert_eq!(Attempt::of(first.extensions()), 1);
+    let mut res = Response::new(Full::new(Bytes::new()));
+    *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    res.headers_mut()
+        .insert("retry-after", "1".parse().unwrap());
+    respond.send_response(res);
+
+    // The sleep ends, but the inner service is not ready: no second call.
+    tokio_test::assert_pending!(fut.poll());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    tokio_test::assert_pending!(fut.poll());
+    assert!(handle.poll_request().is_pending());
+
+    // Ready again: the retry goes out, stamped as attempt 2.
+    handle.allow(1);
+    tokio_test::assert_pending!(fut.poll());
+    let (second, respond) = handle.next_request().await.unwrap();
+    assert_eq!(Attempt::of(second.extensions()), 2);
+    respond.send_response(Response::new(Full::new(Bytes::from_static(b"ok"))));
+    let res = tokio_test::assert_ready_ok!(fut.poll());
+    assert_eq!(Attempts::of(res.extensions()), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_passed_deadline_stops_the_loop() {
+    let mock = MockService::new()
+        .fail(Error::timeout(rebound_core::TimeoutStage::Headers))
+        .otherwise(Reply::code(200));
+    let mut r = get();
+    r.extensions_mut().insert(Deadline(Instant::now()));
+    let err = stack(&mock).oneshot(r).await.unwrap_err();
+    assert!(err.is_timeout());
+    assert_eq!(err.retry_stop(), Some(RetryStop::Deadline));
+    assert_eq!(mock.call_count(), 1);
+}
