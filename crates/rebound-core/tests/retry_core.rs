@@ -678,3 +678,11 @@ async fn a_passed_deadline_stops_the_loop() {
     assert_eq!(err.retry_stop(), Some(RetryStop::Deadline));
     assert_eq!(mock.call_count(), 1);
 }
+
+#[test]
+fn the_retry_future_is_send() {
+    fn assert_send<T: Send>(_: &T) {}
+    let mock = MockService::new();
+    let fut = stack(&mock).oneshot(get());
+    assert_send(&fut);
+}

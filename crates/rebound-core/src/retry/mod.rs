@@ -62,10 +62,9 @@
 //!    `Idempotency-Key` header, or the verdict says
 //!    [`Sent::NotSent`](crate::Sent);
 //! 3. attempts remain ([`RetryPolicy::max_attempts`], 3 by default);
-//! 4. the next attempt can start before the request's
-//!    [`Deadline`], if any, after the
-//!    [`ProposedDelay`](crate::ProposedDelay) (the Retry-After hint if there
-//!    is no backoff layer, else zero);
+//! 4. the next attempt can start before the request's [`Deadline`], if
+//!    any, once the [`ProposedDelay`](crate::ProposedDelay) has passed
+//!    (without a backoff layer below: the Retry-After hint, else no delay);
 //! 5. the [`RetryBudget`] allows it (checked last, so a retry refused for
 //!    another reason costs no budget).
 //!
