@@ -267,6 +267,9 @@ impl Backoff {
         let secs = self.base.as_secs_f64() * self.multiplier.powi(exp);
         if !secs.is_finite() || secs >= self.cap.as_secs_f64() {
             self.cap
+        } else if secs <= 0.0 {
+            // Only reachable with an unvalidated negative multiplier.
+            Duration::ZERO
         } else {
             Duration::from_secs_f64(secs).min(self.cap)
         }
@@ -639,6 +642,26 @@ mod tests {
         assert_eq!(n.backoff().base(), ms(1));
         assert_eq!(n.backoff().cap(), ms(1));
         let _ = n.backoff().delay(5, None);
+
+        // Drawing from an unvalidated schedule never panics either.
+        for m in [-1.0, f64::NAN, f64::INFINITY, 0.0, 1e300] {
+            for j in [
+                Jitter::Full,
+                Jitter::Equal,
+                Jitter::Decorrelated,
+                Jitter::Proportional(f64::NAN),
+                Jitter::Proportional(-3.0),
+            ] {
+                let b = Backoff::exponential(ms(10), ms(100))
+                    .multiplier(m)
+                    .jitter(j);
+                for attempt in [0, 1, 2, 3, 1000, u32::MAX] {
+                    assert!(b.delay(attempt, Some(Duration::MAX)) <= ms(100));
+                }
+            }
+        }
+        let weird = Backoff::exponential(ms(100), ms(10));
+        let _ = weird.delay(3, None);
     }
 
     fn verdict() -> Verdict {
