@@ -68,6 +68,10 @@ pub use crate::error::{BoxError, Error, ErrorKind, TimeoutStage};
 // --- re-exports: body ---
 
 // --- re-exports: retry core ---
+pub use crate::backoff::{Backoff, BackoffLayer, BackoffService, Jitter};
+pub use crate::classify::{Classifier, Classify, ClassifyLayer, HttpClassifier};
+pub use crate::retry::{Retry, RetryBudget, RetryLayer, RetryPolicy};
+pub use crate::retry_after::{OverCap, RetryAfter, RetryAfterLayer};
 
 // --- re-exports: timeouts ---
 

@@ -1,0 +1,381 @@
+//! The response future of [`Retry`](super::Retry).
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use bytes::Buf;
+use http::request::Parts;
+use http::{Method, Request, Response, Uri};
+use http_body::Body;
+use pin_project_lite::pin_project;
+use tokio::time::{sleep_until, Instant, Sleep};
+use tower_service::Service;
+
+use super::policy::RetryPolicy;
+use crate::annotations::{
+    Attempt, Attempts, DelaySource, PreviousAttempt, ProposedDelay, Reason, RetryAfterHint,
+    RetryStop, Sent, Verdict,
+};
+use crate::body::ReplayableBody;
+use crate::error::{BoxError, Error};
+
+/// At most this many bytes of a discarded response are read.
+const DRAIN_MAX_BYTES: usize = 64 * 1024;
+/// A discarded response is read for at most this long (and never past the
+/// sleep).
+const DRAIN_MAX_TIME: Duration = Duration::from_secs(1);
+/// Frames read per poll before yielding, so a body that is always ready
+/// cannot starve the executor.
+const DRAIN_FRAMES_PER_POLL: usize = 32;
+
+pin_project! {
+    /// The response future of [`Retry`](super::Retry).
+    ///
+    /// Dropping it ends everything at once: the attempt in flight, the
+    /// sleep, the drain of a discarded response.
+    #[must_use = "futures do nothing unless polled"]
+    pub struct ResponseFuture<S, B, ResB>
+    where
+        S: Service<Request<B>>,
+    {
+        #[pin]
+        state: State<S::Future, ResB>,
+        replay: Replay<S, B>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F, ResB> {
+        // An attempt is in flight.
+        Called {
+            #[pin]
+            fut: F,
+        },
+        // Waiting before the next attempt, draining the discarded response.
+        Sleeping {
+            #[pin]
+            sleep: Sleep,
+            drain: Option<Drain<ResB>>,
+            until: Instant,
+        },
+        // Waiting for the inner service to be ready for the next attempt.
+        Readying,
+        Done,
+    }
+}
+
+/// Everything the loop keeps between attempts (not pinned).
+pub(super) struct Replay<S, B> {
+    /// The inner service, when a retry is possible.
+    pub(super) service: Option<S>,
+    /// The request head and a replayable body to copy for each retry.
+    pub(super) template: Option<(Parts, B)>,
+    /// The next attempt's request, made before the sleep.
+    pub(super) next: Option<Request<B>>,
+    /// Method and URI for naming errors, when there is no template.
+    pub(super) name: Option<(Method, Uri)>,
+    pub(super) replayable: bool,
+    pub(super) idempotent: bool,
+    pub(super) deadline: Option<Instant>,
+    pub(super) policy: RetryPolicy,
+    /// The number of the attempt in flight (1-based).
+    pub(super) attempt: u32,
+}
+
+/// Reads a discarded response body, bounded in bytes, so its connection can
+/// be reused.
+struct Drain<B> {
+    body: Pin<Box<B>>,
+    read: usize,
+}
+
+impl<B: Body> Drain<B> {
+    /// `true` when the drain is over (end, error, or byte cap).
+    fn poll_done(&mut self, cx: &mut Context<'_>) -> bool {
+        for _ in 0..DRAIN_FRAMES_PER_POLL {
+            match self.body.as_mut().poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    if let Some(data) = frame.data_ref() {
+                        self.read += data.remaining();
+                        if self.read >= DRAIN_MAX_BYTES {
+                            return true;
+                        }
+                    }
+                }
+                Poll::Ready(Some(Err(_))) | Poll::Ready(None) => return true,
+                Poll::Pending => return false,
+            }
+        }
+        cx.waker().wake_by_ref();
+        false
+    }
+}
+
+enum Decision<ResB> {
+    Return(Result<Response<ResB>, Error>),
+    Retry {
+        until: Instant,
+        drain: Option<Drain<ResB>>,
+    },
+}
+
+fn extensions_mut<ResB>(outcome: &mut Result<Response<ResB>, Error>) -> &mut http::Extensions {
+    match outcome {
+        Ok(res) => res.extensions_mut(),
+        Err(err) => err.extensions_mut(),
+    }
+}
+
+impl<S, B> Replay<S, B>
+where
+    B: ReplayableBody,
+{
+    fn name(&self) -> Option<(&Method, &Uri)> {
+        match (&self.template, &self.name) {
+            (Some((parts, _)), _) => Some((&parts.method, &parts.uri)),
+            (None, Some((m, u))) => Some((m, u)),
+            (None, None) => None,
+        }
+    }
+
+    /// Annotate and hand back the last real outcome.
+    fn finish<ResB>(
+        &self,
+        mut outcome: Result<Response<ResB>, Error>,
+        stop: Option<RetryStop>,
+    ) -> Result<Response<ResB>, Error> {
+        let attempts = self.attempt;
+        if let Some(stop) = stop {
+            tracing::debug!(attempts, stop = stop.as_str(), "retry: stopped");
+        }
+        if attempts > 1 || stop.is_some() {
+            let ext = extensions_mut(&mut outcome);
+            if attempts > 1 {
+                ext.insert(Attempts(attempts));
+            }
+            if let Some(stop) = stop {
+                ext.insert(stop);
+            }
+        }
+        match self.name() {
+            Some((method, uri)) => outcome.map_err(|e| e.with_request(method, uri)),
+            None => outcome,
+        }
+    }
+
+    /// Retry, or stop with the outcome.
+    fn decide<ResB: Body>(&mut self, mut outcome: Result<Response<ResB>, Error>) -> Decision<ResB> {
+        let n = self.attempt;
+        let ext = extensions_mut(&mut outcome);
+        let sent = match ext.get::<Verdict>() {
+            None | Some(Verdict::Success) => return Decision::Return(self.finish(outcome, None)),
+            Some(Verdict::Fatal { .. }) => {
+                return Decision::Return(self.finish(outcome, Some(RetryStop::Fatal)))
+            }
+            Some(Verdict::Retryable { sent, .. }) => *sent,
+        };
+        if !self.replayable {
+            ext.insert(Verdict::Fatal {
+                reason: Reason::new_static("body not replayable"),
+            });
+            return Decision::Return(self.finish(outcome, Some(RetryStop::NotReplayable)));
+        }
+        if !(self.idempotent || sent == Sent::NotSent) {
+            return Decision::Return(self.finish(outcome, Some(RetryStop::NotEligible)));
+        }
+        if n >= self.policy.max_attempts {
+            return Decision::Return(self.finish(outcome, Some(RetryStop::Attempts)));
+        }
+        let hint = ext.get::<RetryAfterHint>().map(|h| h.0);
+        let proposed = match (ext.get::<ProposedDelay>(), hint) {
+            (Some(p), _) => *p,
+            (None, Some(h)) => ProposedDelay {
+                delay: h,
+                source: DelaySource::RetryAfter,
+            },
+            (None, None) => ProposedDelay {
+                delay: Duration::ZERO,
+                source: DelaySource::Backoff,
+            },
+        };
+        let now = Instant::now();
+        let until = now.checked_add(proposed.delay);
+        let fits = match (until, self.deadline) {
+            (None, _) => false,
+            (Some(_), None) => true,
+            (Some(until), Some(deadline)) => until < deadline,
+        };
+        if !fits {
+            return Decision::Return(self.finish(outcome, Some(RetryStop::Deadline)));
+        }
+        if !self.policy.budget.try_withdraw() {
+            return Decision::Return(self.finish(outcome, Some(RetryStop::Budget)));
+        }
+        let verdict = Verdict::of(ext).into_owned();
+        let Some(next) = self.next_request(n, verdict.clone(), hint, proposed) else {
+            let ext = extensions_mut(&mut outcome);
+            ext.insert(Verdict::Fatal {
+                reason: Reason::new_static("body not replayable"),
+            });
+            return Decision::Return(self.finish(outcome, Some(RetryStop::NotReplayable)));
+        };
+        tracing::debug!(
+            attempt = n,
+            reason = verdict.reason().map(Reason::as_str).unwrap_or(""),
+            delay_ms = proposed.delay.as_millis() as u64,
+            source = proposed.source.as_str(),
+            "retry: will retry"
+        );
+        self.next = Some(next);
+        self.attempt = n + 1;
+        let drain = match outcome {
+            Ok(res) => Some(Drain {
+                body: Box::pin(res.into_body()),
+                read: 0,
+            }),
+            Err(_) => None,
+        };
+        Decision::Retry {
+            until: until.unwrap_or(now),
+            drain,
+        }
+    }
+
+    /// The request for attempt `n + 1`: a fresh copy of the body, the
+    /// template head, `Attempt` and `PreviousAttempt`.
+    fn next_request(
+        &self,
+        n: u32,
+        verdict: Verdict,
+        retry_after: Option<Duration>,
+        delay: ProposedDelay,
+    ) -> Option<Request<B>> {
+        let (parts, body) = self.template.as_ref()?;
+        let body = body.try_replay()?;
+        let mut req = Request::from_parts(parts.clone(), body);
+        let ext = req.extensions_mut();
+        ext.insert(Attempt(n + 1));
+        ext.insert(PreviousAttempt {
+            attempt: n,
+            verdict,
+            retry_after,
+            delay: Some(delay),
+        });
+        Some(req)
+    }
+}
+
+impl<S, B, ResB> ResponseFuture<S, B, ResB>
+where
+    S: Service<Request<B>>,
+{
+    pub(super) fn new(fut: S::Future, replay: Replay<S, B>) -> Self {
+        ResponseFuture {
+            state: State::Called { fut },
+            replay,
+        }
+    }
+}
+
+impl<S, B, ResB> fmt::Debug for ResponseFuture<S, B, ResB>
+where
+    S: Service<Request<B>>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            State::Called { .. } => "called",
+            State::Sleeping { .. } => "sleeping",
+            State::Readying => "readying",
+            State::Done => "done",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .field("attempt", &self.replay.attempt)
+            .finish()
+    }
+}
+
+impl<S, B, ResB> Future for ResponseFuture<S, B, ResB>
+where
+    S: Service<Request<B>, Response = Response<ResB>>,
+    S::Error: Into<BoxError>,
+    B: ReplayableBody,
+    ResB: Body,
+{
+    type Output = Result<Response<ResB>, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Called { fut } => {
+                    let outcome = ready!(fut.poll(cx)).map_err(|e| Error::from_boxed(e.into()));
+                    match this.replay.decide(outcome) {
+                        Decision::Return(out) => {
+                            this.state.set(State::Done);
+                            return Poll::Ready(out);
+                        }
+                        Decision::Retry { until, drain } => {
+                            // Wake first at the end of the drain window, if
+                            // it ends before the sleep does.
+                            let first = match &drain {
+                                Some(_) => until.min(Instant::now() + DRAIN_MAX_TIME),
+                                None => until,
+                            };
+                            this.state.set(State::Sleeping {
+                                sleep: sleep_until(first),
+                                drain,
+                                until,
+                            });
+                        }
+                    }
+                }
+                StateProj::Sleeping {
+                    mut sleep,
+                    drain,
+                    until,
+                } => {
+                    if let Some(d) = drain {
+                        if d.poll_done(cx) {
+                            *drain = None;
+                        }
+                    }
+                    ready!(sleep.as_mut().poll(cx));
+                    // The drain never outlives its window.
+                    *drain = None;
+                    if Instant::now() < *until {
+                        sleep.as_mut().reset(*until);
+                        continue;
+                    }
+                    this.state.set(State::Readying);
+                }
+                StateProj::Readying => {
+                    let svc = this
+                        .replay
+                        .service
+                        .as_mut()
+                        .expect("a retry is only planned with a service");
+                    if let Err(e) = ready!(svc.poll_ready(cx)) {
+                        this.state.set(State::Done);
+                        // The attempts made so far; the last outcome is gone.
+                        this.replay.attempt -= 1;
+                        let err = this.replay.finish(Err(Error::from_boxed(e.into())), None);
+                        return Poll::Ready(err);
+                    }
+                    let req = this
+                        .replay
+                        .next
+                        .take()
+                        .expect("a retry is only planned with its request");
+                    let fut = svc.call(req);
+                    this.state.set(State::Called { fut });
+                }
+                StateProj::Done => panic!("retry ResponseFuture polled after completion"),
+            }
+        }
+    }
+}

@@ -1,0 +1,203 @@
+//! What the retry loop may do: attempts, budget, eligible methods.
+
+use std::fmt;
+use std::sync::Arc;
+
+use http::Method;
+
+use super::budget::RetryBudget;
+use crate::error::Error;
+
+/// The most attempts [`RetryPolicy::max_attempts`] accepts.
+pub const MAX_ATTEMPTS: u32 = 100;
+
+/// The standard methods, in a fixed order, for the eligibility bit set.
+const METHODS: [Method; 9] = [
+    Method::GET,
+    Method::HEAD,
+    Method::OPTIONS,
+    Method::TRACE,
+    Method::PUT,
+    Method::DELETE,
+    Method::POST,
+    Method::PATCH,
+    Method::CONNECT,
+];
+
+fn method_bit(m: &Method) -> Option<u16> {
+    METHODS.iter().position(|x| x == m).map(|i| 1 << i)
+}
+
+/// What the [`RetryLayer`](super::RetryLayer) may do.
+///
+/// * `max_attempts`: attempts in all, first included. Default: 3.
+/// * `budget`: the [`RetryBudget`] shared by every request through the
+///   layer and its clones. Default: a fresh `RetryBudget::default()` (20 %
+///   over 10 s, floor 10/s), created with the policy.
+/// * eligible methods: those that may be retried after the request may have
+///   been processed. Default: GET, HEAD, OPTIONS, TRACE, PUT, DELETE (the
+///   idempotent methods of RFC 9110). A request with an
+///   [`IdempotencyKey`](crate::annotations::IdempotencyKey) annotation or an
+///   `Idempotency-Key` header is eligible whatever its method, and so is any
+///   request whose verdict says [`Sent::NotSent`](crate::annotations::Sent).
+///
+/// # Clone
+///
+/// Clones share the budget.
+#[derive(Clone)]
+pub struct RetryPolicy {
+    pub(super) max_attempts: u32,
+    pub(super) budget: Arc<RetryBudget>,
+    methods: u16,
+}
+
+impl fmt::Debug for RetryPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let methods: Vec<&str> = METHODS
+            .iter()
+            .filter(|m| self.is_eligible_method(m))
+            .map(Method::as_str)
+            .collect();
+        f.debug_struct("RetryPolicy")
+            .field("max_attempts", &self.max_attempts)
+            .field("budget", &self.budget)
+            .field("methods", &methods)
+            .finish()
+    }
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        let methods = [
+            Method::GET,
+            Method::HEAD,
+            Method::OPTIONS,
+            Method::TRACE,
+            Method::PUT,
+            Method::DELETE,
+        ]
+        .iter()
+        .filter_map(method_bit)
+        .fold(0, |a, b| a | b);
+        RetryPolicy {
+            max_attempts: 3,
+            budget: Arc::new(RetryBudget::default()),
+            methods,
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The default policy.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Attempts in all, the first included. Default: 3. Valid: `1..=100`
+    /// (checked by [`RetryLayer::try_new`](super::RetryLayer::try_new);
+    /// [`RetryLayer::new`](super::RetryLayer::new) clamps into that range).
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        self.max_attempts = n;
+        self
+    }
+
+    /// Use `budget`, which may be shared with other layers or clients.
+    /// Default: a budget of this policy's own.
+    pub fn budget(mut self, budget: Arc<RetryBudget>) -> Self {
+        self.budget = budget;
+        self
+    }
+
+    /// The methods that may be retried after the request may have been
+    /// processed (replaces the set). Only the standard methods can be
+    /// listed; others are eligible only with an idempotency key. Default:
+    /// GET, HEAD, OPTIONS, TRACE, PUT, DELETE.
+    pub fn eligible_methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.methods = methods
+            .into_iter()
+            .filter_map(|m| method_bit(&m))
+            .fold(0, |a, b| a | b);
+        self
+    }
+
+    /// The attempts in all.
+    pub fn get_max_attempts(&self) -> u32 {
+        self.max_attempts
+    }
+
+    /// The shared budget.
+    pub fn get_budget(&self) -> &Arc<RetryBudget> {
+        &self.budget
+    }
+
+    /// Whether `method` may be retried after the request may have been
+    /// processed.
+    pub fn is_eligible_method(&self, method: &Method) -> bool {
+        method_bit(method).is_some_and(|b| self.methods & b != 0)
+    }
+
+    /// Check the values.
+    ///
+    /// # Errors
+    ///
+    /// A configuration [`Error`] if `max_attempts` is not in `1..=100`.
+    pub fn validate(&self) -> Result<(), Error> {
+        if !(1..=MAX_ATTEMPTS).contains(&self.max_attempts) {
+            return Err(Error::config(
+                "RetryPolicy: max_attempts must be in 1..=100",
+            ));
+        }
+        Ok(())
+    }
+
+    pub(super) fn normalized(mut self) -> Self {
+        self.max_attempts = self.max_attempts.clamp(1, MAX_ATTEMPTS);
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults() {
+        let p = RetryPolicy::default();
+        assert_eq!(p.get_max_attempts(), 3);
+        for m in [
+            Method::GET,
+            Method::HEAD,
+            Method::OPTIONS,
+            Method::TRACE,
+            Method::PUT,
+            Method::DELETE,
+        ] {
+            assert!(p.is_eligible_method(&m), "{m}");
+        }
+        for m in [Method::POST, Method::PATCH, Method::CONNECT] {
+            assert!(!p.is_eligible_method(&m), "{m}");
+        }
+        assert!(!p.is_eligible_method(&Method::from_bytes(b"PURGE").unwrap()));
+        let p = p.eligible_methods([Method::GET, Method::POST]);
+        assert!(p.is_eligible_method(&Method::POST));
+        assert!(!p.is_eligible_method(&Method::PUT));
+    }
+
+    #[test]
+    fn validation() {
+        assert!(RetryPolicy::default()
+            .max_attempts(0)
+            .validate()
+            .unwrap_err()
+            .is_config());
+        assert!(RetryPolicy::default().max_attempts(101).validate().is_err());
+        assert!(RetryPolicy::default().max_attempts(1).validate().is_ok());
+        assert_eq!(
+            RetryPolicy::default()
+                .max_attempts(0)
+                .normalized()
+                .max_attempts,
+            1
+        );
+    }
+}
