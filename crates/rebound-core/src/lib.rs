@@ -57,6 +57,9 @@ pub mod gate;
 pub mod limit;
 
 // --- observability ---
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub mod metrics;
 pub mod trace;
 
 pub use crate::annotations::{
@@ -76,3 +79,4 @@ pub use crate::error::{BoxError, Error, ErrorKind, TimeoutStage};
 // --- re-exports: load control and cancellation ---
 
 // --- re-exports: observability ---
+pub use crate::trace::{AttemptTraceLayer, TraceLayer};
