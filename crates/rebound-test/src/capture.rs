@@ -42,6 +42,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Level, Subscriber};
+use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::Layer;
@@ -136,6 +137,17 @@ impl Capture {
     /// for the current thread until the guard is dropped.
     pub fn set_default(&self) -> tracing::subscriber::DefaultGuard {
         let subscriber = tracing_subscriber::registry().with(self.clone());
+        tracing::subscriber::set_default(subscriber)
+    }
+
+    /// Like [`set_default`](Self::set_default), but only spans and events at
+    /// `max` or more severe are enabled, as with a subscriber filtered at
+    /// that level (`Level::INFO`: INFO, WARN, ERROR; DEBUG spans are then
+    /// disabled).
+    pub fn set_default_at(&self, max: Level) -> tracing::subscriber::DefaultGuard {
+        let subscriber = tracing_subscriber::registry()
+            .with(LevelFilter::from_level(max))
+            .with(self.clone());
         tracing::subscriber::set_default(subscriber)
     }
 
@@ -360,6 +372,24 @@ mod tests {
         assert_eq!(capture.events_at_least(Level::INFO).len(), 1);
         capture.clear();
         assert!(capture.text().is_empty());
+    }
+
+    #[test]
+    fn level_filter_disables_what_is_below() {
+        let capture = Capture::new();
+        {
+            let _g = capture.set_default_at(Level::INFO);
+            let span = tracing::debug_span!("quiet");
+            assert!(span.is_disabled());
+            let _e = span.enter();
+            tracing::debug!("hidden");
+            tracing::info!("shown");
+        }
+        assert!(capture.spans().is_empty());
+        let events = capture.events();
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].message(), Some("shown"));
+        assert_eq!(events[0].span, None);
     }
 
     #[test]

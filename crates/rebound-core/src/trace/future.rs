@@ -158,6 +158,7 @@ impl RequestState {
             error.message = o.error.map(tracing::field::display),
             rebound.attempts = attempts,
             rebound.stop = stop,
+            rebound.reason = o.verdict().and_then(|v| v.reason()).map(|r| r.as_str()),
             rebound.budget_left = budget_left,
             rebound.elapsed_ms = millis(elapsed),
             http.request.method = ctx.map(|c| c.method.as_str()),
