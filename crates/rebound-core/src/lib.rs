@@ -79,4 +79,4 @@ pub use crate::error::{BoxError, Error, ErrorKind, TimeoutStage};
 // --- re-exports: load control and cancellation ---
 
 // --- re-exports: observability ---
-pub use crate::trace::{AttemptTraceLayer, TraceLayer};
+pub use crate::trace::{AttemptTraceLayer, TraceBuilder, TraceLayer};

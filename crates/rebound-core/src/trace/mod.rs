@@ -145,3 +145,19 @@ pub use self::request::{Trace, TraceLayer};
 
 /// The `tracing` target of every span and event of this module.
 const TARGET: &str = "rebound::trace";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // The futures are `Send` whenever the inner future is: the stack can run
+    // on a multi-threaded runtime.
+    fn _futures_are_send() {
+        fn is_send<T: Send>() {}
+        type Inner = std::future::Ready<Result<http::Response<()>, crate::Error>>;
+        is_send::<future::ResponseFuture<Inner>>();
+        is_send::<future::AttemptFuture<Inner>>();
+        is_send::<Trace<()>>();
+        is_send::<AttemptTrace<()>>();
+    }
+}
