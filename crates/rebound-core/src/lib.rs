@@ -57,6 +57,9 @@ pub mod gate;
 pub mod limit;
 
 // --- observability ---
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub mod metrics;
 pub mod trace;
 
 pub use crate::annotations::{
@@ -86,3 +89,4 @@ pub use crate::limit::{
 };
 
 // --- re-exports: observability ---
+pub use crate::trace::{AttemptTraceLayer, TraceBuilder, TraceLayer};

@@ -6,9 +6,13 @@
 //!   [`FaultServer`](fault::FaultServer), driven by a script per connection
 //!   or per path: it answers, stalls, trickles, resets, truncates, hangs the
 //!   TLS handshake, and records every request it received.
+//! * [`capture`]: a tracing subscriber that keeps every span, every field
+//!   and every event message at TRACE, so tests can assert what was logged
+//!   (and that a secret never was).
 //!
 //! This crate does not depend on `rebound-core`, so that `rebound-core` can
 //! use it in its own tests without a second copy of its types.
 
+pub mod capture;
 pub mod fault;
 pub mod mock;

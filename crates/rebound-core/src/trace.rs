@@ -1,1 +1,0 @@
-//! TODO: module `trace` (being written).

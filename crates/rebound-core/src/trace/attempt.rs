@@ -1,0 +1,190 @@
+//! `AttemptTraceLayer`: one child span per attempt.
+
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{HeaderValue, Request, Response};
+use tower_layer::Layer;
+use tower_service::Service;
+use tracing::field::Empty;
+use tracing::{Level, Span};
+
+use super::config::{Config, RequestContext};
+use super::future::AttemptFuture;
+use super::{BudgetLeft, TARGET};
+use crate::annotations::Attempt;
+use crate::error::{BoxError, Error};
+
+/// Traces each attempt in a child span of the request span, and logs at
+/// INFO every outcome that is retryable.
+///
+/// Put it **directly below the retry layer**: it then sees every attempt
+/// (stamped [`Attempt`]) and, on the way up, the annotations the layers below
+/// add ([`Verdict`](crate::Verdict), [`ProposedDelay`](crate::ProposedDelay),
+/// [`LimiterState`](super::LimiterState), ...). Get it from
+/// [`TraceLayer::attempt_layer`](super::TraceLayer::attempt_layer) to share
+/// the trace layer's configuration, or with [`AttemptTraceLayer::new`] for
+/// the defaults. See the [module docs](super) for the fields and levels.
+///
+/// When configured with
+/// [`send_attempt_header`](super::TraceBuilder::send_attempt_header), it sets
+/// that header to the attempt number on every attempt.
+///
+/// # Errors
+///
+/// The inner service's errors are turned into [`Error`] with
+/// [`Error::from_boxed`]; the layer adds none of its own.
+///
+/// # Clone
+///
+/// Cloning the layer or the service shares the configuration (an `Arc`).
+#[derive(Clone)]
+pub struct AttemptTraceLayer {
+    cfg: Arc<Config>,
+}
+
+impl fmt::Debug for AttemptTraceLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AttemptTraceLayer")
+            .field("config", &self.cfg)
+            .finish()
+    }
+}
+
+impl Default for AttemptTraceLayer {
+    fn default() -> Self {
+        AttemptTraceLayer::new()
+    }
+}
+
+impl AttemptTraceLayer {
+    /// An attempt layer with the default configuration (see
+    /// [`TraceLayer::new`](super::TraceLayer::new)).
+    pub fn new() -> Self {
+        AttemptTraceLayer::from_config(Arc::new(Config::default()))
+    }
+
+    pub(crate) fn from_config(cfg: Arc<Config>) -> Self {
+        AttemptTraceLayer { cfg }
+    }
+}
+
+impl<S> Layer<S> for AttemptTraceLayer {
+    type Service = AttemptTrace<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        AttemptTrace {
+            inner,
+            cfg: self.cfg.clone(),
+        }
+    }
+}
+
+/// The service of [`AttemptTraceLayer`].
+///
+/// See the [module docs](super).
+#[derive(Clone)]
+pub struct AttemptTrace<S> {
+    inner: S,
+    cfg: Arc<Config>,
+}
+
+impl<S: fmt::Debug> fmt::Debug for AttemptTrace<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AttemptTrace")
+            .field("inner", &self.inner)
+            .field("config", &self.cfg)
+            .finish()
+    }
+}
+
+impl<S> AttemptTrace<S> {
+    /// Wrap `inner` with the default configuration.
+    pub fn new(inner: S) -> Self {
+        AttemptTraceLayer::new().layer(inner)
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwrap the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, ReqB, ResB> Service<Request<ReqB>> for AttemptTrace<S>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
+    S::Error: Into<BoxError>,
+{
+    type Response = Response<ResB>;
+    type Error = Error;
+    type Future = AttemptFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner
+            .poll_ready(cx)
+            .map_err(|e| Error::from_boxed(e.into()))
+    }
+
+    fn call(&mut self, mut req: Request<ReqB>) -> Self::Future {
+        let cfg = &self.cfg;
+        let attempt = Attempt::of(req.extensions());
+        if let Some(name) = &cfg.attempt_header {
+            req.headers_mut()
+                .insert(name.clone(), HeaderValue::from(attempt));
+        }
+        let budget_left = req.extensions().get::<BudgetLeft>().map(|b| b.0);
+        #[cfg(feature = "metrics")]
+        if attempt > 1 {
+            let previous = req
+                .extensions()
+                .get::<crate::annotations::PreviousAttempt>();
+            let reason = previous
+                .and_then(|p| p.verdict.reason())
+                .map_or("unknown", |r| r.as_str());
+            let source = previous.and_then(|p| p.delay).map(|d| d.source.as_str());
+            crate::metrics::record_retry(req.method(), reason, source);
+        }
+        let span = attempt_span(attempt, budget_left);
+        let ctx = (span.is_disabled() && tracing::level_enabled!(Level::INFO))
+            .then(|| RequestContext::new(cfg, &req));
+        let method = req.method().clone();
+        let future = {
+            let _entered = span.enter();
+            self.inner.call(req)
+        };
+        AttemptFuture::new(future, span, cfg.clone(), method, ctx, attempt, budget_left)
+    }
+}
+
+fn attempt_span(attempt: u32, budget_left: Option<u32>) -> Span {
+    tracing::debug_span!(
+        target: TARGET,
+        "http.client.attempt",
+        rebound.attempt = attempt,
+        // OpenTelemetry: only on resends, i.e. attempts after the first.
+        http.request.resend_count = (attempt > 1).then(|| attempt - 1),
+        http.response.status_code = Empty,
+        http.response.headers = Empty,
+        error.type = Empty,
+        rebound.verdict = Empty,
+        rebound.reason = Empty,
+        rebound.sent = Empty,
+        rebound.delay_ms = Empty,
+        rebound.delay_source = Empty,
+        rebound.budget_left = budget_left,
+        rebound.limiter = Empty,
+        rebound.gate_wait_ms = Empty,
+        rebound.elapsed_ms = Empty,
+    )
+}

@@ -1,0 +1,424 @@
+//! Response futures of the trace layers.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use http::{Method, Response};
+use pin_project_lite::pin_project;
+use tokio::time::Instant;
+use tracing::{Level, Span};
+
+use super::config::{Config, RequestContext};
+use super::outcome::{event_at, millis, Outcome};
+use super::TARGET;
+use crate::error::{BoxError, Error};
+
+// ===== ResponseFuture (logical request) =====
+
+pin_project! {
+    /// Response future of [`Trace`](super::Trace).
+    ///
+    /// Dropping it before it completes records the request as cancelled.
+    pub struct ResponseFuture<F> {
+        #[pin]
+        inner: F,
+        // `None` once the outcome has been recorded.
+        state: Option<RequestState>,
+    }
+
+    impl<F> PinnedDrop for ResponseFuture<F> {
+        fn drop(this: Pin<&mut Self>) {
+            if let Some(state) = this.project().state.take() {
+                state.cancelled();
+            }
+        }
+    }
+}
+
+impl<F> fmt::Debug for ResponseFuture<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseFuture")
+            .field("done", &self.state.is_none())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<F> ResponseFuture<F> {
+    pub(crate) fn new(
+        inner: F,
+        span: Span,
+        cfg: Arc<Config>,
+        method: Method,
+        ctx: Option<RequestContext>,
+    ) -> Self {
+        ResponseFuture {
+            inner,
+            state: Some(RequestState {
+                span,
+                cfg,
+                method,
+                ctx,
+                start: Instant::now(),
+            }),
+        }
+    }
+}
+
+impl<F, B, E> Future for ResponseFuture<F>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+    E: Into<BoxError>,
+{
+    type Output = Result<Response<B>, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let result = {
+            let _entered = this.state.as_ref().map(|s| s.span.enter());
+            ready!(this.inner.poll(cx))
+        };
+        let mut result = result.map_err(|e| Error::from_boxed(e.into()));
+        if let Some(state) = this.state.take() {
+            state.finish(&mut result);
+        }
+        Poll::Ready(result)
+    }
+}
+
+struct RequestState {
+    span: Span,
+    cfg: Arc<Config>,
+    method: Method,
+    ctx: Option<RequestContext>,
+    start: Instant,
+}
+
+impl RequestState {
+    fn finish<B>(self, result: &mut Result<Response<B>, Error>) {
+        let elapsed = self.start.elapsed();
+        if let Ok(res) = result {
+            self.cfg.deny.mark_sensitive(res.headers_mut());
+        }
+        let o = Outcome::of(result);
+        let error_type = o.error_type();
+        let attempts = o.attempts();
+        let stop = o.stop();
+        let budget_left = o.budget_left();
+        let limiter = o.limiter();
+        let gate_wait = o.gate_wait().map(millis);
+        let span = &self.span;
+        if !span.is_disabled() {
+            if let Some(status) = o.status {
+                span.record("http.response.status_code", status.as_u16());
+            }
+            if let Some(error_type) = error_type {
+                span.record("error.type", error_type);
+                span.record("otel.status_code", "ERROR");
+            }
+            if let Some(headers) = o.headers.and_then(|h| self.cfg.recorded_headers(h)) {
+                span.record("http.response.headers", headers);
+            }
+            span.record("rebound.attempts", attempts);
+            span.record("rebound.stop", stop);
+            if let Some(b) = budget_left {
+                span.record("rebound.budget_left", b);
+            }
+            if let Some(l) = limiter {
+                span.record("rebound.limiter", tracing::field::display(l));
+            }
+            if let Some(w) = gate_wait {
+                span.record("rebound.gate_wait_ms", w);
+            }
+            span.record("rebound.elapsed_ms", millis(elapsed));
+        }
+
+        let level = o.request_level();
+        let message = if o.is_success() {
+            if attempts > 1 {
+                "request succeeded after retries"
+            } else {
+                "request finished"
+            }
+        } else if level == Level::WARN {
+            "request failed; giving up"
+        } else {
+            "request finished without success"
+        };
+        let ctx = self.ctx.as_ref();
+        let _entered = span.enter();
+        event_at!(
+            level,
+            target: TARGET,
+            {
+            http.response.status_code = o.status.map(|s| s.as_u16()),
+            error.type = error_type,
+            error.message = o.error.map(tracing::field::display),
+            rebound.attempts = attempts,
+            rebound.stop = stop,
+            rebound.reason = o.verdict().and_then(|v| v.reason()).map(|r| r.as_str()),
+            rebound.budget_left = budget_left,
+            rebound.elapsed_ms = millis(elapsed),
+            http.request.method = ctx.map(|c| c.method.as_str()),
+            server.address = ctx.and_then(|c| c.uri.host()),
+            url.path = ctx.map(|c| c.uri.path()),
+            request_id = ctx.and_then(RequestContext::request_id),
+            },
+            "{message}"
+        );
+
+        #[cfg(feature = "metrics")]
+        {
+            let labels = crate::metrics::OutcomeLabels {
+                method: &self.method,
+                status: o.status,
+                error_type,
+            };
+            crate::metrics::record_request(&labels, elapsed, attempts, stop);
+            if let Some(l) = limiter {
+                crate::metrics::record_limiter(l);
+            }
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = &self.method;
+    }
+
+    /// The caller dropped the future before it completed.
+    fn cancelled(self) {
+        let elapsed = self.start.elapsed();
+        let span = &self.span;
+        span.record("rebound.stop", "cancelled");
+        span.record("error.type", "cancelled");
+        span.record("rebound.elapsed_ms", millis(elapsed));
+        let ctx = self.ctx.as_ref();
+        let _entered = span.enter();
+        tracing::debug!(
+            target: TARGET,
+            {
+            rebound.stop = "cancelled",
+            rebound.elapsed_ms = millis(elapsed),
+            http.request.method = ctx.map(|c| c.method.as_str()),
+            server.address = ctx.and_then(|c| c.uri.host()),
+            url.path = ctx.map(|c| c.uri.path()),
+            request_id = ctx.and_then(RequestContext::request_id),
+            },
+            "request cancelled by the caller"
+        );
+        #[cfg(feature = "metrics")]
+        {
+            let labels = crate::metrics::OutcomeLabels {
+                method: &self.method,
+                status: None,
+                error_type: Some("cancelled"),
+            };
+            crate::metrics::record_request(&labels, elapsed, 1, "cancelled");
+        }
+    }
+}
+
+// ===== AttemptFuture =====
+
+pin_project! {
+    /// Response future of [`AttemptTrace`](super::AttemptTrace).
+    pub struct AttemptFuture<F> {
+        #[pin]
+        inner: F,
+        state: Option<AttemptState>,
+    }
+
+    impl<F> PinnedDrop for AttemptFuture<F> {
+        fn drop(this: Pin<&mut Self>) {
+            if let Some(state) = this.project().state.take() {
+                state.cancelled();
+            }
+        }
+    }
+}
+
+impl<F> fmt::Debug for AttemptFuture<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AttemptFuture")
+            .field("done", &self.state.is_none())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<F> AttemptFuture<F> {
+    pub(crate) fn new(
+        inner: F,
+        span: Span,
+        cfg: Arc<Config>,
+        method: Method,
+        ctx: Option<RequestContext>,
+        attempt: u32,
+        budget_left: Option<u32>,
+    ) -> Self {
+        AttemptFuture {
+            inner,
+            state: Some(AttemptState {
+                span,
+                cfg,
+                method,
+                ctx,
+                attempt,
+                budget_left,
+                start: Instant::now(),
+            }),
+        }
+    }
+}
+
+impl<F, B, E> Future for AttemptFuture<F>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+    E: Into<BoxError>,
+{
+    type Output = Result<Response<B>, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let result = {
+            let _entered = this.state.as_ref().map(|s| s.span.enter());
+            ready!(this.inner.poll(cx))
+        };
+        let mut result = result.map_err(|e| Error::from_boxed(e.into()));
+        if let Some(state) = this.state.take() {
+            state.finish(&mut result);
+        }
+        Poll::Ready(result)
+    }
+}
+
+struct AttemptState {
+    span: Span,
+    cfg: Arc<Config>,
+    method: Method,
+    ctx: Option<RequestContext>,
+    attempt: u32,
+    budget_left: Option<u32>,
+    start: Instant,
+}
+
+impl AttemptState {
+    fn finish<B>(self, result: &mut Result<Response<B>, Error>) {
+        let elapsed = self.start.elapsed();
+        if let Ok(res) = result {
+            // The retry layer may drop this response; whatever looks at it
+            // before then must not see a Set-Cookie either.
+            self.cfg.deny.mark_sensitive(res.headers_mut());
+        }
+        let o = Outcome::of(result);
+        let error_type = o.error_type();
+        let verdict = o.verdict();
+        let reason = verdict.and_then(|v| v.reason()).map(|r| r.as_str());
+        let sent = verdict.and_then(|v| v.sent()).map(|s| s.as_str());
+        let delay = o.proposed_delay();
+        let budget_left = o.budget_left().or(self.budget_left);
+        let limiter = o.limiter();
+        let gate_wait = o.gate_wait().map(millis);
+        let span = &self.span;
+        if !span.is_disabled() {
+            if let Some(status) = o.status {
+                span.record("http.response.status_code", status.as_u16());
+            }
+            if let Some(error_type) = error_type {
+                span.record("error.type", error_type);
+            }
+            if let Some(headers) = o.headers.and_then(|h| self.cfg.recorded_headers(h)) {
+                span.record("http.response.headers", headers);
+            }
+            span.record("rebound.verdict", o.verdict_label());
+            if let Some(reason) = reason {
+                span.record("rebound.reason", reason);
+            }
+            if let Some(sent) = sent {
+                span.record("rebound.sent", sent);
+            }
+            if let Some(d) = delay {
+                span.record("rebound.delay_ms", millis(d.delay));
+                span.record("rebound.delay_source", d.source.as_str());
+            }
+            if let Some(b) = budget_left {
+                span.record("rebound.budget_left", b);
+            }
+            if let Some(l) = limiter {
+                span.record("rebound.limiter", tracing::field::display(l));
+            }
+            if let Some(w) = gate_wait {
+                span.record("rebound.gate_wait_ms", w);
+            }
+            span.record("rebound.elapsed_ms", millis(elapsed));
+        }
+
+        let retryable = verdict.is_some_and(|v| v.is_retryable());
+        let (level, message) = if retryable {
+            (Level::INFO, "attempt failed; retryable")
+        } else {
+            (Level::DEBUG, "attempt finished")
+        };
+        let ctx = self.ctx.as_ref();
+        let _entered = span.enter();
+        event_at!(
+            level,
+            target: TARGET,
+            {
+            rebound.attempt = self.attempt,
+            http.response.status_code = o.status.map(|s| s.as_u16()),
+            error.type = error_type,
+            error.message = o.error.map(tracing::field::display),
+            rebound.verdict = o.verdict_label(),
+            rebound.reason = reason,
+            rebound.sent = sent,
+            rebound.delay_ms = delay.map(|d| millis(d.delay)),
+            rebound.delay_source = delay.map(|d| d.source.as_str()),
+            rebound.budget_left = budget_left,
+            rebound.limiter = limiter.map(tracing::field::display),
+            rebound.elapsed_ms = millis(elapsed),
+            http.request.method = ctx.map(|c| c.method.as_str()),
+            server.address = ctx.and_then(|c| c.uri.host()),
+            url.path = ctx.map(|c| c.uri.path()),
+            request_id = ctx.and_then(RequestContext::request_id),
+            },
+            "{message}"
+        );
+
+        #[cfg(feature = "metrics")]
+        {
+            let labels = crate::metrics::OutcomeLabels {
+                method: &self.method,
+                status: o.status,
+                error_type,
+            };
+            crate::metrics::record_attempt(&labels, elapsed);
+            if let Some(l) = limiter {
+                crate::metrics::record_limiter(l);
+            }
+            // Gates hold attempts (they sit below the retry layer), so they
+            // are counted here, once per attempt, and not per request.
+            if let Some(w) = o.gate_wait() {
+                crate::metrics::record_gate_wait(w);
+            }
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = &self.method;
+    }
+
+    /// The attempt was dropped before it completed (the request was
+    /// cancelled, or a layer above cut it).
+    fn cancelled(self) {
+        let elapsed = self.start.elapsed();
+        self.span.record("rebound.verdict", "cancelled");
+        self.span.record("rebound.elapsed_ms", millis(elapsed));
+        let _entered = self.span.enter();
+        tracing::debug!(
+            target: TARGET,
+            {
+            rebound.attempt = self.attempt,
+            rebound.elapsed_ms = millis(elapsed),
+            },
+            "attempt dropped before it finished"
+        );
+    }
+}
