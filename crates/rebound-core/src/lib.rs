@@ -63,8 +63,8 @@ pub mod metrics;
 pub mod trace;
 
 pub use crate::annotations::{
-    Attempt, Attempts, Deadline, DelaySource, IdempotencyKey, PreviousAttempt, ProposedDelay,
-    Reason, RetryAfterHint, RetryStop, Sent, Verdict,
+    Attempt, Attempts, BudgetLeft, Deadline, DelaySource, GateWait, IdempotencyKey, LimiterState,
+    PreviousAttempt, ProposedDelay, Reason, RetryAfterHint, RetryStop, Sent, Verdict,
 };
 pub use crate::error::{BoxError, Error, ErrorKind, TimeoutStage};
 
