@@ -16,8 +16,8 @@ use tower_service::Service;
 
 use super::policy::RetryPolicy;
 use crate::annotations::{
-    Attempt, Attempts, DelaySource, PreviousAttempt, ProposedDelay, Reason, RetryAfterHint,
-    RetryStop, Sent, Verdict,
+    Attempt, Attempts, BudgetLeft, DelaySource, PreviousAttempt, ProposedDelay, Reason,
+    RetryAfterHint, RetryStop, Sent, Verdict,
 };
 use crate::body::ReplayableBody;
 use crate::error::{BoxError, Error};
@@ -123,6 +123,10 @@ enum Decision<ResB> {
     },
 }
 
+fn budget_left(budget: &super::RetryBudget) -> u32 {
+    u32::try_from(budget.remaining()).unwrap_or(u32::MAX)
+}
+
 fn extensions_mut<ResB>(outcome: &mut Result<Response<ResB>, Error>) -> &mut http::Extensions {
     match outcome {
         Ok(res) => res.extensions_mut(),
@@ -160,6 +164,9 @@ where
             if let Some(stop) = stop {
                 ext.insert(stop);
             }
+            // Off the happy path only: what the budget would still allow,
+            // for the trace layers and metrics.
+            ext.insert(BudgetLeft(budget_left(&self.policy.budget)));
         }
         match self.name() {
             Some((method, uri)) => outcome.map_err(|e| e.with_request(method, uri)),
@@ -259,6 +266,7 @@ where
         let mut req = Request::from_parts(parts.clone(), body);
         let ext = req.extensions_mut();
         ext.insert(Attempt(n + 1));
+        ext.insert(BudgetLeft(budget_left(&self.policy.budget)));
         ext.insert(PreviousAttempt {
             attempt: n,
             verdict,
