@@ -36,6 +36,7 @@ pub mod redact;
 
 // --- request bodies that can be sent again ---
 pub mod body;
+pub mod replay;
 
 // --- retry core: classify, Retry-After, backoff, retry with budget ---
 pub mod backoff;
@@ -66,6 +67,8 @@ pub use crate::annotations::{
 pub use crate::error::{BoxError, Error, ErrorKind, TimeoutStage};
 
 // --- re-exports: body ---
+pub use crate::body::ReplayableBody;
+pub use crate::replay::ReplayBody;
 
 // --- re-exports: retry core ---
 
