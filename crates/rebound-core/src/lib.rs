@@ -75,6 +75,7 @@ pub use crate::replay::ReplayBody;
 // --- re-exports: timeouts ---
 
 // --- re-exports: writes ---
+pub use crate::collect::{CollectBody, CollectBodyLayer, CollectedBody};
 pub use crate::idempotency::{IdempotencyKeyLayer, MakeIdempotencyKey, SetIdempotencyKey, UuidV4};
 
 // --- re-exports: load control and cancellation ---
