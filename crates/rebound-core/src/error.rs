@@ -5,7 +5,7 @@
 //! [`Error::is_connect`], ...), the [`source()`](std::error::Error::source)
 //! chain, and an `http::Extensions` of its own so that outcome annotations
 //! ([`Verdict`](crate::annotations::Verdict),
-//! [`Attempts`](crate::annotations::Attempts), ...) ride on errors exactly as
+//! [`Attempts`], ...) ride on errors exactly as
 //! they ride on responses.
 //!
 //! `Display` names what failed, the method and the URL **without** query,
