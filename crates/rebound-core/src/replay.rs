@@ -57,6 +57,19 @@
 //! [`Buf::copy_to_bytes`]). Chunk boundaries and trailers are played back
 //! exactly as they were read.
 //!
+//! # Framing
+//!
+//! Every copy *announces* what the real body announced when it was wrapped:
+//! before a copy is polled, its `is_end_stream` is the real body's, and its
+//! `size_hint` is exact only if the real body's was. A body of unknown
+//! length is therefore sent the same way on every attempt (HTTP/1.1 chunked,
+//! which is also the only way its trailers can travel), not chunked on the
+//! first attempt and with a `Content-Length` on the next: the server sees
+//! the same request each time, and request signatures over the framing
+//! headers stay valid. Within those limits the hints are accurate for each
+//! copy (the bytes it has yet to play back plus what the real body still
+//! announces).
+//!
 //! # The cap
 //!
 //! Once more than [`max_bytes`](ReplayBody::with_max_bytes) bytes have been
@@ -106,7 +119,12 @@ use crate::error::{BoxError, Error, ErrorKind};
 /// [`try_replay`](ReplayableBody::try_replay) returns: one per attempt, the
 /// first included. See the [module docs](self) for how it works.
 ///
-/// Polled itself, the kept body behaves like any copy: it is a copy too.
+/// Polled itself, the kept body behaves like any copy: it is a copy too. So
+/// when `try_replay` already answers `None` before the first attempt (the
+/// body announced more than the cap), send the kept body itself, once.
+///
+/// Wrap only streaming bodies: a body already in memory (`Full`, `Empty`,
+/// `String`) is a [`ReplayableBody`] by itself, with no cap and no lock.
 pub struct ReplayBody<B> {
     shared: Arc<Mutex<Shared<B>>>,
     /// How many data chunks of the real body this copy has yielded.
@@ -117,6 +135,8 @@ pub struct ReplayBody<B> {
     done: bool,
     /// Whether this copy may have left a waker among the waiters.
     registered: bool,
+    /// Whether this copy has been polled.
+    started: bool,
 }
 
 struct Shared<B> {
@@ -131,6 +151,10 @@ struct Shared<B> {
     read_bytes: u64,
     max_bytes: usize,
     capped: bool,
+    /// Whether the real body announced its exact length when wrapped.
+    announced_exact: bool,
+    /// Whether the real body was already at its end when wrapped.
+    announced_empty: bool,
     /// Copies waiting for the real body while another copy may be the one
     /// registered with it.
     waiters: Vec<Waker>,
@@ -158,8 +182,10 @@ impl<B: Body> ReplayBody<B> {
     /// `max_bytes` bytes is streamed once and is not replayable. Any value
     /// works: `0` makes only empty bodies replayable.
     pub fn with_max_bytes(body: B, max_bytes: usize) -> Self {
-        let capped = body.size_hint().lower() > max_bytes as u64;
-        let source = if body.is_end_stream() {
+        let hint = body.size_hint();
+        let capped = hint.lower() > max_bytes as u64;
+        let announced_empty = body.is_end_stream();
+        let source = if announced_empty {
             Source::Ended
         } else {
             Source::Open(Box::pin(body))
@@ -173,12 +199,15 @@ impl<B: Body> ReplayBody<B> {
                 read_bytes: 0,
                 max_bytes,
                 capped,
+                announced_exact: hint.exact().is_some(),
+                announced_empty,
                 waiters: Vec::new(),
             })),
             pos: 0,
             sent: 0,
             done: false,
             registered: false,
+            started: false,
         }
     }
 }
@@ -274,6 +303,7 @@ where
         if this.done {
             return Poll::Ready(None);
         }
+        this.started = true;
         let mut guard = lock(&this.shared);
         let shared = &mut *guard;
 
@@ -370,6 +400,10 @@ where
             return true;
         }
         let shared = lock(&self.shared);
+        if !self.started {
+            // Announce what the real body announced (see "Framing").
+            return shared.announced_empty;
+        }
         if self.pos < shared.read_chunks {
             return false;
         }
@@ -395,18 +429,25 @@ where
         } else {
             0
         };
-        match &shared.source {
+        let (lower, upper) = match &shared.source {
             Source::Open(body) => {
                 let rest = body.size_hint();
-                let mut hint = SizeHint::new();
-                hint.set_lower(behind.saturating_add(rest.lower()));
-                if let Some(upper) = rest.upper() {
-                    hint.set_upper(behind.saturating_add(upper));
-                }
-                hint
+                (
+                    behind.saturating_add(rest.lower()),
+                    rest.upper().map(|u| behind.saturating_add(u)),
+                )
             }
-            Source::Ended | Source::Failed => SizeHint::with_exact(behind),
+            Source::Ended | Source::Failed => (behind, Some(behind)),
+        };
+        let mut hint = SizeHint::new();
+        hint.set_lower(lower);
+        match upper {
+            // Never more exact than the real body was (see "Framing").
+            Some(upper) if upper == lower && !shared.announced_exact => {}
+            Some(upper) => hint.set_upper(upper),
+            None => {}
         }
+        hint
     }
 }
 
@@ -427,6 +468,7 @@ where
             sent: 0,
             done: false,
             registered: false,
+            started: false,
         })
     }
 }

@@ -370,8 +370,12 @@ async fn empty_body_is_replayable_and_ends_at_once() {
     assert!(!a.is_end_stream(), "not known before it is polled");
     assert_eq!(frames(a).await.unwrap().chunks, Vec::<Bytes>::new());
     let b = kept.try_replay().unwrap();
-    assert!(b.is_end_stream());
-    assert_eq!(b.size_hint().exact(), Some(0));
+    assert!(
+        !b.is_end_stream(),
+        "announced like the real body: not known empty"
+    );
+    assert_eq!(b.size_hint().exact(), None);
+    assert_eq!(frames(b).await.unwrap().chunks, Vec::<Bytes>::new());
 }
 
 // ===== size_hint and is_end_stream =====
@@ -423,7 +427,12 @@ async fn unknown_length_stays_unknown_until_the_end() {
     assert_eq!(b.size_hint().upper(), None);
     drop(tx);
     assert!(matches!(poll(&mut ta, &mut a), Poll::Ready(None)));
-    assert_eq!(b.size_hint().exact(), Some(3));
+    // All is known now, but the copy announces what the real body did: an
+    // unknown length (so it is framed the same way as the first attempt).
+    assert_eq!(b.size_hint().lower(), 3);
+    assert_eq!(b.size_hint().exact(), None);
+    assert!(!b.is_end_stream());
+    assert_eq!(frames(b).await.unwrap().chunks, chunks(&["xyz"]));
 }
 
 // ===== in-memory bodies =====
@@ -514,4 +523,30 @@ async fn debug_shows_no_data() {
 fn replay_body_is_send_and_sync() {
     fn check<T: Send + Sync + 'static>() {}
     check::<ReplayBody<ChannelBody>>();
+}
+
+#[tokio::test]
+async fn copies_announce_the_framing_of_the_real_body() {
+    // Unknown length with trailers, fully recorded: a copy must not claim an
+    // exact length, or HTTP/1.1 would send it with Content-Length, where
+    // trailers cannot travel, instead of chunked like the first attempt.
+    let (tx, inner) = channel();
+    data(&tx, "abc");
+    tx.send(Ok(Frame::trailers(trailers()))).unwrap();
+    drop(tx);
+    let kept = ReplayBody::new(inner);
+    let first = frames(kept.try_replay().unwrap()).await.unwrap();
+    let copy = kept.try_replay().unwrap();
+    assert_eq!(copy.size_hint().exact(), None);
+    assert_eq!(copy.size_hint().lower(), 3);
+    assert!(!copy.is_end_stream());
+    assert_eq!(frames(copy).await.unwrap(), first);
+
+    // Known length: every copy says it exactly.
+    let (tx, inner) = channel_with_len(3);
+    data(&tx, "abc");
+    drop(tx);
+    let kept = ReplayBody::new(inner);
+    let _ = frames(kept.try_replay().unwrap()).await.unwrap();
+    assert_eq!(kept.try_replay().unwrap().size_hint().exact(), Some(3));
 }
