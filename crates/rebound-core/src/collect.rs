@@ -68,7 +68,7 @@ use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::header::CONTENT_LENGTH;
-use http::{HeaderMap, Method, Request, Response, Uri};
+use http::{HeaderMap, Method, Request, Response, StatusCode, Uri};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::time::Sleep;
@@ -247,6 +247,7 @@ where
         let result = ready!(poll_collect(
             this.state.as_mut(),
             *this.max_bytes,
+            this.method,
             this.deadline.as_mut(),
             cx
         ));
@@ -257,6 +258,7 @@ where
 fn poll_collect<F, B, E>(
     mut state: Pin<&mut State<F, B>>,
     max_bytes: usize,
+    method: &Method,
     mut deadline: Pin<&mut Option<Sleep>>,
     cx: &mut Context<'_>,
 ) -> Poll<Result<Response<CollectedBody>, Error>>
@@ -274,7 +276,12 @@ where
                     Poll::Pending => return poll_deadline(deadline.as_mut(), cx),
                 };
                 let (parts, body) = res.into_parts();
-                let announced = announced_len(&parts.headers, &body.size_hint());
+                let announced = if has_no_content(method, parts.status) {
+                    // Its Content-Length describes a body that is not sent.
+                    body.size_hint().lower()
+                } else {
+                    announced_len(&parts.headers, &body.size_hint())
+                };
                 if announced > max_bytes as u64 {
                     // Refuse at once: dropping the body reads nothing more.
                     return Poll::Ready(Err(too_large("content-length is over the cap")));
@@ -325,6 +332,15 @@ fn poll_deadline<T>(
         Some(Poll::Ready(())) => Poll::Ready(Err(Error::timeout(TimeoutStage::Deadline))),
         _ => Poll::Pending,
     }
+}
+
+/// Whether the response to `method` with `status` has no content whatever
+/// its headers say (RFC 9110 §6.4.1): HEAD, 1xx, 204, 304.
+fn has_no_content(method: &Method, status: StatusCode) -> bool {
+    method == Method::HEAD
+        || status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED
 }
 
 /// The length the response announces: its `Content-Length`, or else its

@@ -209,6 +209,27 @@ async fn an_announced_length_over_the_cap_is_refused_without_reading() {
 }
 
 #[tokio::test]
+async fn content_length_of_a_response_without_content_is_not_a_size() {
+    // HEAD: the Content-Length is that of the GET body, which is not sent.
+    let mut head = Response::new(Empty::<Bytes>::new());
+    head.headers_mut()
+        .insert(CONTENT_LENGTH, HeaderValue::from(20u64 * 1024 * 1024));
+    let mut not_modified = Response::new(Empty::<Bytes>::new());
+    *not_modified.status_mut() = StatusCode::NOT_MODIFIED;
+    not_modified
+        .headers_mut()
+        .insert(CONTENT_LENGTH, HeaderValue::from(20u64 * 1024 * 1024));
+    let mut svc = CollectBodyLayer::new()
+        .max_bytes(10)
+        .layer(answers(vec![head, not_modified]));
+    let mut req = get();
+    *req.method_mut() = Method::HEAD;
+    assert!(send(&mut svc, req).await.unwrap().body().is_empty());
+    let res = send(&mut svc, get()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::NOT_MODIFIED);
+}
+
+#[tokio::test]
 async fn a_malformed_content_length_is_no_hint() {
     let mut res = Response::new(Full::new(Bytes::from_static(b"ok")));
     res.headers_mut()
