@@ -80,7 +80,7 @@
 //! on, so the request is not retried. A body that says up front (its
 //! `size_hint` lower bound) that it is larger than the cap is capped from the
 //! start and nothing is ever recorded. A body of exactly `max_bytes` bytes is
-//! replayable.
+//! replayable. Only data counts; trailers are kept whatever their size.
 //!
 //! # Errors
 //!

@@ -419,3 +419,15 @@ fn collected_body_debug_shows_no_data() {
     assert!(!shown.contains("secret"), "{shown}");
     assert!(shown.contains("len: 12"), "{shown}");
 }
+
+#[test]
+fn service_and_future_are_send_sync_and_clone() {
+    fn check<S>(_: &S)
+    where
+        S: Service<Request<()>, Response = Response<CollectedBody>> + Clone + Send + Sync + 'static,
+        S::Future: Send,
+    {
+    }
+    let svc = CollectBodyLayer::new().layer(answers(vec![Response::new(Full::new(Bytes::new()))]));
+    check(&svc);
+}

@@ -416,3 +416,19 @@ trait LayerService: Sized {
 }
 
 impl<M> LayerService for IdempotencyKeyLayer<M> {}
+
+#[test]
+fn service_and_future_are_send_sync_and_clone() {
+    fn check<S>(_: &S)
+    where
+        S: Service<Request<()>> + Clone + Send + Sync + 'static,
+        S::Future: Send,
+    {
+    }
+    let (_, inner) = recorder(StatusCode::OK);
+    check(&IdempotencyKeyLayer::new().layer_service(inner.clone()));
+    let n = AtomicU32::new(0);
+    let with_generator = IdempotencyKeyLayer::new()
+        .generator(move || HeaderValue::from(n.fetch_add(1, Ordering::Relaxed)));
+    check(&with_generator.layer_service(inner));
+}
