@@ -36,6 +36,7 @@ pub mod redact;
 
 // --- request bodies that can be sent again ---
 pub mod body;
+pub mod replay;
 
 // --- retry core: classify, Retry-After, backoff, retry with budget ---
 pub mod backoff;
@@ -69,6 +70,8 @@ pub use crate::annotations::{
 pub use crate::error::{BoxError, Error, ErrorKind, TimeoutStage};
 
 // --- re-exports: body ---
+pub use crate::body::ReplayableBody;
+pub use crate::replay::ReplayBody;
 
 // --- re-exports: retry core ---
 pub use crate::backoff::{Backoff, BackoffLayer, BackoffService, Jitter};
@@ -79,6 +82,8 @@ pub use crate::retry_after::{OverCap, RetryAfter, RetryAfterLayer};
 // --- re-exports: timeouts ---
 
 // --- re-exports: writes ---
+pub use crate::collect::{CollectBody, CollectBodyLayer, CollectedBody};
+pub use crate::idempotency::{IdempotencyKeyLayer, MakeIdempotencyKey, SetIdempotencyKey, UuidV4};
 
 // --- re-exports: load control and cancellation ---
 pub use crate::cancel::{Cancel, CancelLayer, Cancellable};

@@ -1,0 +1,552 @@
+//! `ReplayBody`: lazy recording, byte-identical replay, the cap, and copies
+//! that start early, stop early or run at the same time.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::{BodyExt, Empty, Full};
+use rebound_core::body::ReplayableBody;
+use rebound_core::replay::ReplayBody;
+use rebound_core::ErrorKind;
+use tokio::sync::mpsc;
+use tokio_test::task;
+
+// ===== a streaming body the test feeds frame by frame =====
+
+type Tx = mpsc::UnboundedSender<Result<Frame<Bytes>, io::Error>>;
+
+struct ChannelBody {
+    rx: mpsc::UnboundedReceiver<Result<Frame<Bytes>, io::Error>>,
+    /// Bytes still to come, when the body declares its exact length.
+    left: Option<u64>,
+}
+
+fn channel() -> (Tx, ChannelBody) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    (tx, ChannelBody { rx, left: None })
+}
+
+fn channel_with_len(len: u64) -> (Tx, ChannelBody) {
+    let (tx, mut body) = channel();
+    body.left = Some(len);
+    (tx, body)
+}
+
+impl Body for ChannelBody {
+    type Data = Bytes;
+    type Error = io::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
+        let frame = ready!(self.rx.poll_recv(cx));
+        if let (Some(Ok(f)), Some(left)) = (&frame, &mut self.left) {
+            if let Some(d) = f.data_ref() {
+                *left -= d.len() as u64;
+            }
+        }
+        Poll::Ready(frame)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.left
+            .map_or_else(SizeHint::default, SizeHint::with_exact)
+    }
+}
+
+fn data(tx: &Tx, s: &'static str) {
+    tx.send(Ok(Frame::data(Bytes::from_static(s.as_bytes()))))
+        .unwrap();
+}
+
+fn trailers() -> HeaderMap {
+    let mut t = HeaderMap::new();
+    t.insert("grpc-status", HeaderValue::from_static("0"));
+    t.insert("x-checksum", HeaderValue::from_static("abc"));
+    t
+}
+
+/// Everything a body yields: its data chunks (boundaries kept) and trailers.
+#[derive(Debug, PartialEq)]
+struct Frames {
+    chunks: Vec<Bytes>,
+    trailers: Option<HeaderMap>,
+}
+
+async fn frames<B>(mut body: B) -> Result<Frames, B::Error>
+where
+    B: Body<Data = Bytes> + Unpin,
+{
+    let mut out = Frames {
+        chunks: Vec::new(),
+        trailers: None,
+    };
+    // Bounded: no test body yields more than 10,000 frames.
+    for _ in 0..10_000 {
+        let Some(frame) = body.frame().await else {
+            assert!(body.is_end_stream(), "ended but is_end_stream() is false");
+            return Ok(out);
+        };
+        let frame = frame?;
+        assert!(out.trailers.is_none(), "a frame after the trailers");
+        match frame.into_data() {
+            Ok(d) => out.chunks.push(d),
+            Err(f) => out.trailers = Some(f.into_trailers().unwrap()),
+        }
+    }
+    panic!("body did not end");
+}
+
+fn chunks(list: &[&'static str]) -> Vec<Bytes> {
+    list.iter()
+        .map(|s| Bytes::from_static(s.as_bytes()))
+        .collect()
+}
+
+type Polled<B> = Poll<Option<Result<Frame<<B as Body>::Data>, <B as Body>::Error>>>;
+
+fn poll<B: Body + Unpin>(t: &mut task::Spawn<()>, body: &mut B) -> Polled<B> {
+    t.enter(|cx, _| Pin::new(&mut *body).poll_frame(cx))
+}
+
+fn data_of<E: std::fmt::Debug>(p: Poll<Option<Result<Frame<Bytes>, E>>>) -> Bytes {
+    match p {
+        Poll::Ready(Some(Ok(f))) => f.into_data().expect("a data frame"),
+        other => panic!("expected a data frame, got {other:?}"),
+    }
+}
+
+// ===== linkerd2 issue 15649 =====
+
+#[tokio::test]
+async fn retry_before_first_attempt_polled_does_not_duplicate_first_chunk() {
+    let (tx, inner) = channel();
+    let kept = ReplayBody::new(inner);
+
+    // Attempt 1 is created and polled before any data exists.
+    let mut a = kept.try_replay().unwrap();
+    let mut ta = task::spawn(());
+    assert!(poll(&mut ta, &mut a).is_pending());
+
+    // It fails (e.g. REFUSED_STREAM) before reading anything: retry.
+    let b = kept.try_replay().expect("nothing recorded, not capped");
+    drop(a);
+
+    data(&tx, "first");
+    data(&tx, "second");
+    drop(tx);
+    let got = frames(b).await.unwrap();
+    assert_eq!(got.chunks, chunks(&["first", "second"]));
+
+    // And a third attempt gets exactly the same.
+    let c = kept.try_replay().unwrap();
+    assert_eq!(
+        frames(c).await.unwrap().chunks,
+        chunks(&["first", "second"])
+    );
+}
+
+#[tokio::test]
+async fn retry_before_first_attempt_ever_polled_does_not_duplicate_first_chunk() {
+    let (tx, inner) = channel();
+    let kept = ReplayBody::new(inner);
+    let a = kept.try_replay().unwrap();
+    let b = kept.try_replay().unwrap();
+    drop(a);
+    data(&tx, "only");
+    drop(tx);
+    assert_eq!(frames(b).await.unwrap().chunks, chunks(&["only"]));
+}
+
+#[tokio::test]
+async fn retry_while_first_chunk_is_buffered_but_the_rest_is_not() {
+    // The retry starts after attempt 1 read one chunk: the new copy plays
+    // that chunk back once, then reads the rest of the real body.
+    let (tx, inner) = channel();
+    let kept = ReplayBody::new(inner);
+    let mut a = kept.try_replay().unwrap();
+    let mut ta = task::spawn(());
+    data(&tx, "one");
+    assert_eq!(data_of(poll(&mut ta, &mut a)), "one");
+    let mut b = kept.try_replay().unwrap();
+    drop(a);
+    let mut tb = task::spawn(());
+    assert_eq!(data_of(poll(&mut tb, &mut b)), "one");
+    assert!(poll(&mut tb, &mut b).is_pending());
+    data(&tx, "two");
+    assert!(tb.is_woken());
+    assert_eq!(data_of(poll(&mut tb, &mut b)), "two");
+    drop(tx);
+    assert!(matches!(poll(&mut tb, &mut b), Poll::Ready(None)));
+}
+
+// ===== stopping early =====
+
+#[tokio::test]
+async fn copy_dropped_mid_stream_then_next_copy_gets_the_full_body() {
+    let (tx, inner) = channel();
+    let kept = ReplayBody::new(inner);
+    let mut a = kept.try_replay().unwrap();
+    let mut ta = task::spawn(());
+    data(&tx, "alpha-");
+    data(&tx, "beta-");
+    assert_eq!(data_of(poll(&mut ta, &mut a)), "alpha-");
+    drop(a); // the attempt failed after sending one chunk
+
+    data(&tx, "gamma");
+    tx.send(Ok(Frame::trailers(trailers()))).unwrap();
+    drop(tx);
+    let b = kept.try_replay().unwrap();
+    let got = frames(b).await.unwrap();
+    assert_eq!(got.chunks, chunks(&["alpha-", "beta-", "gamma"]));
+    assert_eq!(got.trailers, Some(trailers()));
+
+    let c = kept.try_replay().unwrap();
+    assert_eq!(frames(c).await.unwrap(), got);
+}
+
+// ===== the cap =====
+
+#[tokio::test]
+async fn body_ending_exactly_at_the_cap_is_replayable() {
+    let (tx, inner) = channel();
+    let kept = ReplayBody::with_max_bytes(inner, 10);
+    data(&tx, "0123");
+    data(&tx, "456789");
+    drop(tx);
+    let a = frames(kept.try_replay().unwrap()).await.unwrap();
+    assert_eq!(a.chunks, chunks(&["0123", "456789"]));
+    assert!(!kept.is_capped());
+    let b = frames(kept.try_replay().expect("10 bytes, cap 10"))
+        .await
+        .unwrap();
+    assert_eq!(a, b);
+}
+
+#[tokio::test]
+async fn body_one_byte_over_the_cap_streams_once_and_is_not_replayable() {
+    let (tx, inner) = channel();
+    let kept = ReplayBody::with_max_bytes(inner, 10);
+    data(&tx, "0123");
+    data(&tx, "4567890");
+    data(&tx, "tail");
+    tx.send(Ok(Frame::trailers(trailers()))).unwrap();
+    drop(tx);
+    // The attempt in flight completes: every byte and the trailers.
+    let a = frames(kept.try_replay().unwrap()).await.unwrap();
+    assert_eq!(a.chunks, chunks(&["0123", "4567890", "tail"]));
+    assert_eq!(a.trailers, Some(trailers()));
+    assert!(kept.is_capped());
+    assert!(kept.try_replay().is_none());
+}
+
+#[tokio::test]
+async fn cap_is_checked_as_the_body_streams() {
+    let (tx, inner) = channel();
+    let kept = ReplayBody::with_max_bytes(inner, 10);
+    let mut a = kept.try_replay().unwrap();
+    let mut ta = task::spawn(());
+    data(&tx, "0123456789");
+    assert_eq!(data_of(poll(&mut ta, &mut a)), "0123456789");
+    assert!(kept.try_replay().is_some(), "at the cap, not past it");
+    data(&tx, "x");
+    assert_eq!(data_of(poll(&mut ta, &mut a)), "x");
+    assert!(kept.try_replay().is_none(), "one byte past the cap");
+}
+
+#[tokio::test]
+async fn copy_behind_when_another_copy_passes_the_cap_fails_not_replayable() {
+    let (tx, inner) = channel();
+    let kept = ReplayBody::with_max_bytes(inner, 8);
+    let mut a = kept.try_replay().unwrap();
+    let mut b = kept.try_replay().unwrap();
+    let (mut ta, mut tb) = (task::spawn(()), task::spawn(()));
+    data(&tx, "12345");
+    data(&tx, "6789");
+    assert_eq!(data_of(poll(&mut ta, &mut a)), "12345");
+    assert_eq!(data_of(poll(&mut ta, &mut a)), "6789"); // capped now
+    match poll(&mut tb, &mut b) {
+        Poll::Ready(Some(Err(e))) => assert_eq!(e.kind(), ErrorKind::NotReplayable),
+        other => panic!("expected not replayable, got {other:?}"),
+    }
+    assert!(matches!(poll(&mut tb, &mut b), Poll::Ready(None)));
+    assert!(b.is_end_stream());
+    // The copy that passed the cap carries on.
+    data(&tx, "more");
+    assert_eq!(data_of(poll(&mut ta, &mut a)), "more");
+}
+
+#[tokio::test]
+async fn body_declaring_more_than_the_cap_is_never_recorded() {
+    let kept =
+        ReplayBody::with_max_bytes(Full::new(Bytes::from_static(b"twenty bytes of data")), 10);
+    assert!(kept.is_capped());
+    assert!(kept.try_replay().is_none());
+    // The kept body itself is sent once, whole.
+    assert_eq!(
+        frames(kept).await.unwrap().chunks,
+        chunks(&["twenty bytes of data"])
+    );
+}
+
+#[tokio::test]
+async fn replayable_exactly_up_to_the_cap_for_many_sizes_and_chunkings() {
+    // Bounded: 3 chunk sizes x 21 lengths.
+    for chunk in [1usize, 3, 7] {
+        for len in 0..=20usize {
+            let payload: Vec<u8> = (0..len).map(|i| b'a' + (i % 26) as u8).collect();
+            let (tx, inner) = channel();
+            for part in payload.chunks(chunk) {
+                tx.send(Ok(Frame::data(Bytes::copy_from_slice(part))))
+                    .unwrap();
+            }
+            drop(tx);
+            let kept = ReplayBody::with_max_bytes(inner, 10);
+            let first = frames(kept.try_replay().unwrap()).await.unwrap();
+            assert_eq!(first.chunks.concat(), payload, "chunk {chunk} len {len}");
+            match kept.try_replay() {
+                Some(copy) => {
+                    assert!(len <= 10, "chunk {chunk} len {len} replayable past the cap");
+                    assert_eq!(frames(copy).await.unwrap(), first);
+                }
+                None => assert!(len > 10, "chunk {chunk} len {len} not replayable"),
+            }
+        }
+    }
+}
+
+// ===== trailers and empty bodies =====
+
+#[tokio::test]
+async fn trailers_are_replayed() {
+    let (tx, inner) = channel();
+    data(&tx, "payload");
+    tx.send(Ok(Frame::trailers(trailers()))).unwrap();
+    drop(tx);
+    let kept = ReplayBody::new(inner);
+    let a = frames(kept.try_replay().unwrap()).await.unwrap();
+    assert_eq!(a.trailers, Some(trailers()));
+    for _ in 0..3 {
+        let copy = kept.try_replay().unwrap();
+        assert!(!copy.is_end_stream());
+        assert_eq!(frames(copy).await.unwrap(), a);
+    }
+}
+
+#[tokio::test]
+async fn trailers_only_body_is_replayed() {
+    let (tx, inner) = channel();
+    tx.send(Ok(Frame::trailers(trailers()))).unwrap();
+    drop(tx);
+    let kept = ReplayBody::new(inner);
+    for _ in 0..2 {
+        let got = frames(kept.try_replay().unwrap()).await.unwrap();
+        assert!(got.chunks.is_empty());
+        assert_eq!(got.trailers, Some(trailers()));
+    }
+}
+
+#[tokio::test]
+async fn empty_body_is_replayable_and_ends_at_once() {
+    let kept = ReplayBody::new(Empty::<Bytes>::new());
+    for _ in 0..3 {
+        let copy = kept.try_replay().unwrap();
+        assert!(copy.is_end_stream());
+        assert_eq!(copy.size_hint().exact(), Some(0));
+        let got = frames(copy).await.unwrap();
+        assert!(got.chunks.is_empty() && got.trailers.is_none());
+    }
+
+    // A streaming body that turns out to be empty.
+    let (tx, inner) = channel();
+    drop(tx);
+    let kept = ReplayBody::new(inner);
+    let a = kept.try_replay().unwrap();
+    assert!(!a.is_end_stream(), "not known before it is polled");
+    assert_eq!(frames(a).await.unwrap().chunks, Vec::<Bytes>::new());
+    let b = kept.try_replay().unwrap();
+    assert!(
+        !b.is_end_stream(),
+        "announced like the real body: not known empty"
+    );
+    assert_eq!(b.size_hint().exact(), None);
+    assert_eq!(frames(b).await.unwrap().chunks, Vec::<Bytes>::new());
+}
+
+// ===== size_hint and is_end_stream =====
+
+#[tokio::test]
+async fn size_hint_and_end_of_stream_are_right_for_every_copy() {
+    let (tx, inner) = channel_with_len(9);
+    let kept = ReplayBody::new(inner);
+    let mut a = kept.try_replay().unwrap();
+    let mut ta = task::spawn(());
+    assert_eq!(a.size_hint().exact(), Some(9));
+    data(&tx, "abcd");
+    assert_eq!(data_of(poll(&mut ta, &mut a)), "abcd");
+    assert_eq!(a.size_hint().exact(), Some(5));
+    assert!(!a.is_end_stream());
+    drop(a);
+
+    // A new copy: 4 recorded bytes to play back + 5 still in the real body.
+    let mut b = kept.try_replay().unwrap();
+    let mut tb = task::spawn(());
+    assert_eq!(b.size_hint().exact(), Some(9));
+    assert_eq!(data_of(poll(&mut tb, &mut b)), "abcd");
+    assert_eq!(b.size_hint().exact(), Some(5));
+    data(&tx, "efghi");
+    assert_eq!(data_of(poll(&mut tb, &mut b)), "efghi");
+    assert_eq!(b.size_hint().exact(), Some(0));
+    drop(tx);
+    assert!(matches!(poll(&mut tb, &mut b), Poll::Ready(None)));
+    assert!(b.is_end_stream());
+    assert_eq!(b.size_hint().exact(), Some(0));
+
+    // After the end, copies know everything exactly.
+    let c = kept.try_replay().unwrap();
+    assert_eq!(c.size_hint().exact(), Some(9));
+    assert!(!c.is_end_stream());
+    assert_eq!(frames(c).await.unwrap().chunks, chunks(&["abcd", "efghi"]));
+}
+
+#[tokio::test]
+async fn unknown_length_stays_unknown_until_the_end() {
+    let (tx, inner) = channel();
+    let kept = ReplayBody::new(inner);
+    let mut a = kept.try_replay().unwrap();
+    let mut ta = task::spawn(());
+    data(&tx, "xyz");
+    assert_eq!(data_of(poll(&mut ta, &mut a)), "xyz");
+    let b = kept.try_replay().unwrap();
+    assert_eq!(b.size_hint().lower(), 3);
+    assert_eq!(b.size_hint().upper(), None);
+    drop(tx);
+    assert!(matches!(poll(&mut ta, &mut a), Poll::Ready(None)));
+    // All is known now, but the copy announces what the real body did: an
+    // unknown length (so it is framed the same way as the first attempt).
+    assert_eq!(b.size_hint().lower(), 3);
+    assert_eq!(b.size_hint().exact(), None);
+    assert!(!b.is_end_stream());
+    assert_eq!(frames(b).await.unwrap().chunks, chunks(&["xyz"]));
+}
+
+// ===== in-memory bodies =====
+
+#[tokio::test]
+async fn in_memory_body_is_replayed_without_copying() {
+    let payload = Bytes::from(vec![7u8; 4096]);
+    let kept = ReplayBody::new(Full::new(payload.clone()));
+    for _ in 0..3 {
+        let copy = kept.try_replay().unwrap();
+        assert_eq!(copy.size_hint().exact(), Some(4096));
+        let got = frames(copy).await.unwrap();
+        assert_eq!(got.chunks.len(), 1);
+        // The same allocation: a reference count, not a copy.
+        assert_eq!(got.chunks[0].as_ptr(), payload.as_ptr());
+    }
+}
+
+// ===== copies alive at the same time =====
+
+#[tokio::test]
+async fn two_copies_alive_at_once_both_get_every_chunk_and_are_woken() {
+    let (tx, inner) = channel();
+    let kept = ReplayBody::new(inner);
+    let mut a = kept.try_replay().unwrap();
+    let mut b = kept.try_replay().unwrap();
+    let (mut ta, mut tb) = (task::spawn(()), task::spawn(()));
+    assert!(poll(&mut ta, &mut a).is_pending());
+    assert!(poll(&mut tb, &mut b).is_pending()); // b is now the one registered
+    data(&tx, "x");
+    assert!(tb.is_woken());
+    assert_eq!(data_of(poll(&mut tb, &mut b)), "x");
+    assert!(ta.is_woken(), "a must be woken when b reads for it");
+    assert_eq!(data_of(poll(&mut ta, &mut a)), "x");
+
+    // Both wait again; the one registered with the real body goes away.
+    assert!(poll(&mut ta, &mut a).is_pending());
+    assert!(poll(&mut tb, &mut b).is_pending());
+    drop(b);
+    assert!(ta.is_woken(), "a must take over when b is dropped");
+    assert!(poll(&mut ta, &mut a).is_pending());
+    data(&tx, "y");
+    assert!(ta.is_woken());
+    assert_eq!(data_of(poll(&mut ta, &mut a)), "y");
+}
+
+// ===== errors =====
+
+#[tokio::test]
+async fn a_failing_body_gives_a_body_error_and_is_not_replayed() {
+    let (tx, inner) = channel();
+    let kept = ReplayBody::new(inner);
+    let mut b = kept.try_replay().unwrap();
+    let mut a = kept.try_replay().unwrap();
+    let (mut ta, mut tb) = (task::spawn(()), task::spawn(()));
+    data(&tx, "part");
+    tx.send(Err(io::Error::new(io::ErrorKind::ConnectionReset, "reset")))
+        .unwrap();
+    assert_eq!(data_of(poll(&mut ta, &mut a)), "part");
+    match poll(&mut ta, &mut a) {
+        Poll::Ready(Some(Err(e))) => {
+            assert_eq!(e.kind(), ErrorKind::Body);
+            assert!(e.find_source::<io::Error>().is_some());
+        }
+        other => panic!("expected a body error, got {other:?}"),
+    }
+    assert!(kept.is_capped());
+    assert!(kept.try_replay().is_none());
+    // A copy alive at the same time cannot finish either: it fails at once
+    // rather than send a part of the body it cannot complete.
+    match poll(&mut tb, &mut b) {
+        Poll::Ready(Some(Err(e))) => assert_eq!(e.kind(), ErrorKind::NotReplayable),
+        other => panic!("expected not replayable, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn debug_shows_no_data() {
+    let kept = ReplayBody::new(Full::new(Bytes::from_static(b"secret-token")));
+    let copy = kept.try_replay().unwrap();
+    let _ = frames(copy).await.unwrap();
+    let shown = format!("{kept:?}");
+    assert!(!shown.contains("secret"), "{shown}");
+    assert!(shown.contains("read_bytes: 12"), "{shown}");
+}
+
+#[test]
+fn replay_body_is_send_and_sync() {
+    fn check<T: Send + Sync + 'static>() {}
+    check::<ReplayBody<ChannelBody>>();
+}
+
+#[tokio::test]
+async fn copies_announce_the_framing_of_the_real_body() {
+    // Unknown length with trailers, fully recorded: a copy must not claim an
+    // exact length, or HTTP/1.1 would send it with Content-Length, where
+    // trailers cannot travel, instead of chunked like the first attempt.
+    let (tx, inner) = channel();
+    data(&tx, "abc");
+    tx.send(Ok(Frame::trailers(trailers()))).unwrap();
+    drop(tx);
+    let kept = ReplayBody::new(inner);
+    let first = frames(kept.try_replay().unwrap()).await.unwrap();
+    let copy = kept.try_replay().unwrap();
+    assert_eq!(copy.size_hint().exact(), None);
+    assert_eq!(copy.size_hint().lower(), 3);
+    assert!(!copy.is_end_stream());
+    assert_eq!(frames(copy).await.unwrap(), first);
+
+    // Known length: every copy says it exactly.
+    let (tx, inner) = channel_with_len(3);
+    data(&tx, "abc");
+    drop(tx);
+    let kept = ReplayBody::new(inner);
+    let _ = frames(kept.try_replay().unwrap()).await.unwrap();
+    assert_eq!(kept.try_replay().unwrap().size_hint().exact(), Some(3));
+}
