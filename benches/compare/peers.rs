@@ -37,7 +37,8 @@ pub(crate) struct RetryCounters {
 pub(crate) struct Attempts {
     left: u32,
     first: bool,
-    budget: Option<(Arc<TpsBudget>, Arc<RetryCounters>)>,
+    budget: Option<Arc<TpsBudget>>,
+    counters: Option<Arc<RetryCounters>>,
 }
 
 impl Attempts {
@@ -46,13 +47,19 @@ impl Attempts {
             left: max,
             first: true,
             budget: None,
+            counters: None,
         }
     }
 
-    /// Retries also need the shared `budget`; `counters` records what it
-    /// allowed.
-    pub(crate) fn with_budget(mut self, budget: Arc<TpsBudget>, counters: Arc<RetryCounters>) -> Self {
-        self.budget = Some((budget, counters));
+    /// Retries also need a withdrawal from the shared `budget`.
+    pub(crate) fn with_budget(mut self, budget: Arc<TpsBudget>) -> Self {
+        self.budget = Some(budget);
+        self
+    }
+
+    /// Records in `counters` how many retries were wanted and allowed.
+    pub(crate) fn with_counters(mut self, counters: Arc<RetryCounters>) -> Self {
+        self.counters = Some(counters);
         self
     }
 }
@@ -62,7 +69,7 @@ impl<B: Clone, RB, E> Policy<Request<B>, Response<RB>, E> for Attempts {
 
     fn retry(&mut self, _req: &mut Request<B>, result: &mut Result<Response<RB>, E>) -> Option<Self::Future> {
         if std::mem::take(&mut self.first) {
-            if let Some((budget, _)) = &self.budget {
+            if let Some(budget) = &self.budget {
                 budget.deposit();
             }
         }
@@ -73,11 +80,15 @@ impl<B: Clone, RB, E> Policy<Request<B>, Response<RB>, E> for Attempts {
         if !retryable || self.left <= 1 {
             return None;
         }
-        if let Some((budget, counters)) = &self.budget {
+        if let Some(counters) = &self.counters {
             counters.wanted.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(budget) = &self.budget {
             if !budget.withdraw() {
                 return None;
             }
+        }
+        if let Some(counters) = &self.counters {
             counters.allowed.fetch_add(1, Ordering::Relaxed);
         }
         self.left -= 1;
