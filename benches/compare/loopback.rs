@@ -39,14 +39,20 @@ pub(crate) struct Target {
 impl Target {
     pub(crate) fn new(server: &ServerProcess, path: &str) -> Result<Self, BoxError> {
         let url = format!("http://{}{path}", server.addr);
-        Ok(Target { uri: url.parse()?, url })
+        Ok(Target {
+            uri: url.parse()?,
+            url,
+        })
     }
 }
 
 /// A client that can send one GET, read the body to its end and say the
 /// status. Generic (not boxed) so no column pays for an extra allocation.
 pub(crate) trait Sender: Clone + Send + 'static {
-    fn send<'a>(&'a mut self, t: &'a Target) -> impl Future<Output = Result<StatusCode, BoxError>> + Send + 'a;
+    fn send<'a>(
+        &'a mut self,
+        t: &'a Target,
+    ) -> impl Future<Output = Result<StatusCode, BoxError>> + Send + 'a;
 }
 
 /// Any tower service over `http` types: the bare hyper-util client, tower's
@@ -191,7 +197,10 @@ fn columns() -> Result<Vec<Box<dyn Column>>, BoxError> {
             Tower(tower_stack(hyper, Attempts::new(3))),
         ),
         column("reqwest", Reqwest(reqwest_client()?)),
-        column("reqwest-middleware + reqwest-retry (1+3)", ReqwestMw(reqwest_retry_client(3)?)),
+        column(
+            "reqwest-middleware + reqwest-retry (1+3)",
+            ReqwestMw(reqwest_retry_client(3)?),
+        ),
         // rebound: column("rebound::Client (defaults)", Tower(rebound::Client::builder().build()?)),
     ])
 }
@@ -242,8 +251,11 @@ pub(crate) fn run(mode: Mode) -> Result<Checks, BoxError> {
                 p99[i].0.push(percentile(&lat, 99.0) as f64);
 
                 let t0 = Instant::now();
-                tokio::time::timeout(batch_limit, col.concurrent(&target, TASKS, per_task)).await??;
-                rps[i].0.push((TASKS * per_task) as f64 / t0.elapsed().as_secs_f64());
+                tokio::time::timeout(batch_limit, col.concurrent(&target, TASKS, per_task))
+                    .await??;
+                rps[i]
+                    .0
+                    .push((TASKS * per_task) as f64 / t0.elapsed().as_secs_f64());
             }
             if round >= 2 && start.elapsed() > budget {
                 break;
@@ -288,7 +300,10 @@ pub(crate) fn run(mode: Mode) -> Result<Checks, BoxError> {
     table.print();
 
     let mut checks = Checks::default();
-    checks.check("every column completed every round", p50.iter().all(|s| s.0.len() == p50[0].0.len()));
+    checks.check(
+        "every column completed every round",
+        p50.iter().all(|s| s.0.len() == p50[0].0.len()),
+    );
     checks.print();
     Ok(checks)
 }

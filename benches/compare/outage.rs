@@ -79,13 +79,33 @@ pub(crate) fn run(mode: Mode) -> Result<Checks, BoxError> {
             // (name, expected amplification if exact, result)
             let r = amplification(&server, &outage, Tower(hyper.clone()), m).await?;
             rows.push(("bare hyper-util client (1 attempt)", Some(1.0), r));
-            let r = amplification(&server, &outage, Tower(tower_stack(hyper.clone(), Attempts::new(3))), m).await?;
+            let r = amplification(
+                &server,
+                &outage,
+                Tower(tower_stack(hyper.clone(), Attempts::new(3))),
+                m,
+            )
+            .await?;
             rows.push(("tower: Retry(3 attempts), no budget", Some(3.0), r));
             let budgeted = Attempts::new(3).with_budget(Arc::new(TpsBudget::default()));
-            let r = amplification(&server, &outage, Tower(tower_stack(hyper.clone(), budgeted)), m).await?;
-            rows.push(("tower: Retry(3) + TpsBudget::default() (10 s, 10/s, 20 %)", None, r));
+            let r = amplification(
+                &server,
+                &outage,
+                Tower(tower_stack(hyper.clone(), budgeted)),
+                m,
+            )
+            .await?;
+            rows.push((
+                "tower: Retry(3) + TpsBudget::default() (10 s, 10/s, 20 %)",
+                None,
+                r,
+            ));
             let r = amplification(&server, &outage, ReqwestMw(reqwest_retry_client(3)?), m).await?;
-            rows.push(("reqwest-retry (1+3, backoff shortened to 1–4 ms)", Some(4.0), r));
+            rows.push((
+                "reqwest-retry (1+3, backoff shortened to 1–4 ms)",
+                Some(4.0),
+                r,
+            ));
             // rebound: rows.push(("rebound::Client (defaults)", None, amplification(.., Tower(client), m).await?));
 
             let counters = Arc::new(RetryCounters::default());
@@ -121,9 +141,15 @@ pub(crate) fn run(mode: Mode) -> Result<Checks, BoxError> {
             last.as_u16().to_string(),
         ]);
         if let Some(expected) = expected {
-            checks.check(format!("{name} amplifies exactly {expected}"), (amp - expected).abs() < 1e-9);
+            checks.check(
+                format!("{name} amplifies exactly {expected}"),
+                (amp - expected).abs() < 1e-9,
+            );
         }
-        checks.check(format!("{name} returns the last 503"), *last == StatusCode::SERVICE_UNAVAILABLE);
+        checks.check(
+            format!("{name} returns the last 503"),
+            *last == StatusCode::SERVICE_UNAVAILABLE,
+        );
     }
     table.pending("rebound::Client (defaults)");
     table.print();
@@ -131,13 +157,22 @@ pub(crate) fn run(mode: Mode) -> Result<Checks, BoxError> {
     let (wanted, allowed) = flaky_row;
     let mut table = Table::new(
         format!("Retries allowed at 1 % failure ({m_flaky} logical requests, one at a time)"),
-        &["column", "retries wanted", "retries allowed", "share allowed"],
+        &[
+            "column",
+            "retries wanted",
+            "retries allowed",
+            "share allowed",
+        ],
     );
     table.row(vec![
         "tower: Retry(3) + TpsBudget::default()".to_owned(),
         wanted.to_string(),
         allowed.to_string(),
-        if wanted == 0 { "n/a".to_owned() } else { format!("{}%", f(100.0 * allowed as f64 / wanted as f64, 1)) },
+        if wanted == 0 {
+            "n/a".to_owned()
+        } else {
+            format!("{}%", f(100.0 * allowed as f64 / wanted as f64, 1))
+        },
     ]);
     table.pending("rebound::Client (defaults)");
     table.print();

@@ -88,7 +88,10 @@ where
         Box::pin(async move {
             for _ in 0..n {
                 let svc = self.svc.ready().await.map_err(Into::into)?;
-                let res = svc.call(std::hint::black_box(request())).await.map_err(Into::into)?;
+                let res = svc
+                    .call(std::hint::black_box(request()))
+                    .await
+                    .map_err(Into::into)?;
                 if !res.status().is_success() {
                     return Err(format!("{}: status {}", self.name, res.status()).into());
                 }
@@ -148,7 +151,9 @@ pub(crate) fn run(mode: Mode) -> Result<Checks, BoxError> {
     let budget = mode.pick(Duration::from_secs(5), Duration::from_secs(120));
     let batch_limit = Duration::from_secs(60);
 
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     let mut cols = columns();
     let (ns, allocs) = rt.block_on(async {
         let mut ns = vec![Samples::default(); cols.len()];
@@ -197,7 +202,10 @@ pub(crate) fn run(mode: Mode) -> Result<Checks, BoxError> {
     table.print();
 
     let mut checks = Checks::default();
-    checks.check("the bare service allocates nothing per request", allocs[0].median() < 0.01);
+    checks.check(
+        "the bare service allocates nothing per request",
+        allocs[0].median() < 0.01,
+    );
     checks.print();
     Ok(checks)
 }

@@ -67,7 +67,11 @@ impl Attempts {
 impl<B: Clone, RB, E> Policy<Request<B>, Response<RB>, E> for Attempts {
     type Future = Ready<()>;
 
-    fn retry(&mut self, _req: &mut Request<B>, result: &mut Result<Response<RB>, E>) -> Option<Self::Future> {
+    fn retry(
+        &mut self,
+        _req: &mut Request<B>,
+        result: &mut Result<Response<RB>, E>,
+    ) -> Option<Self::Future> {
         if std::mem::take(&mut self.first) {
             if let Some(budget) = &self.budget {
                 budget.deposit();
@@ -128,7 +132,9 @@ pub(crate) fn reqwest_client() -> Result<reqwest::Client, reqwest::Error> {
 /// reqwest-middleware + reqwest-retry with `retries` retries after the first
 /// attempt; its backoff is shortened to 1–4 ms so the bench does not sleep
 /// for seconds (its default is 1 s – 30 min).
-pub(crate) fn reqwest_retry_client(retries: u32) -> Result<reqwest_middleware::ClientWithMiddleware, reqwest::Error> {
+pub(crate) fn reqwest_retry_client(
+    retries: u32,
+) -> Result<reqwest_middleware::ClientWithMiddleware, reqwest::Error> {
     use reqwest_retry::{policies::ExponentialBackoff, RetryTransientMiddleware};
     let policy = ExponentialBackoff::builder()
         .retry_bounds(Duration::from_millis(1), Duration::from_millis(4))

@@ -135,6 +135,10 @@ impl Checks {
         self.0.push((what.into(), ok));
     }
 
+    pub(crate) fn passed(&self) -> usize {
+        self.0.iter().filter(|(_, ok)| *ok).count()
+    }
+
     pub(crate) fn failed(&self) -> impl Iterator<Item = &str> {
         self.0.iter().filter(|(_, ok)| !ok).map(|(w, _)| w.as_str())
     }

@@ -172,7 +172,10 @@ async fn handle(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infalli
         reply(StatusCode::OK, b"ok")
     } else if path == "/status/503" {
         reply(StatusCode::SERVICE_UNAVAILABLE, b"unavailable")
-    } else if let Some(pct) = path.strip_prefix("/flaky/").and_then(|p| p.parse::<u64>().ok()) {
+    } else if let Some(pct) = path
+        .strip_prefix("/flaky/")
+        .and_then(|p| p.parse::<u64>().ok())
+    {
         if mix(n) % 100 < pct {
             reply(StatusCode::SERVICE_UNAVAILABLE, b"unavailable")
         } else {
