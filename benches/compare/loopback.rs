@@ -119,8 +119,11 @@ type Fut<'a> = Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send + 'a>>;
 /// One column of the loopback table.
 pub(crate) trait Column: Send {
     fn name(&self) -> &str;
-    /// `n` requests in a row, each latency (ns) pushed to `lat`.
-    fn c1<'a>(&'a mut self, t: &'a Target, n: usize, lat: &'a mut Vec<u64>) -> Fut<'a>;
+    /// One request (boxed: used for latency, where every column pays the
+    /// same box).
+    fn one<'a>(&'a mut self, t: &'a Target) -> Fut<'a>;
+    /// `n` requests in a row in one future (used to count allocations).
+    fn batch<'a>(&'a mut self, t: &'a Target, n: usize) -> Fut<'a>;
     /// `tasks` tasks sending `per_task` requests each.
     fn concurrent<'a>(&'a mut self, t: &'a Target, tasks: usize, per_task: usize) -> Fut<'a>;
 }
@@ -143,13 +146,14 @@ impl<C: Sender> Column for Col<C> {
         &self.name
     }
 
-    fn c1<'a>(&'a mut self, t: &'a Target, n: usize, lat: &'a mut Vec<u64>) -> Fut<'a> {
+    fn one<'a>(&'a mut self, t: &'a Target) -> Fut<'a> {
+        Box::pin(async move { expect_ok(&self.name, self.client.send(t).await?) })
+    }
+
+    fn batch<'a>(&'a mut self, t: &'a Target, n: usize) -> Fut<'a> {
         Box::pin(async move {
             for _ in 0..n {
-                let t0 = Instant::now();
-                let status = self.client.send(t).await?;
-                lat.push(t0.elapsed().as_nanos() as u64);
-                expect_ok(&self.name, status)?;
+                expect_ok(&self.name, self.client.send(t).await?)?;
             }
             Ok(())
         })
@@ -208,12 +212,23 @@ fn columns() -> Result<Vec<Box<dyn Column>>, BoxError> {
 const TASKS: usize = 64;
 
 /// Runs the section and prints its table.
+///
+/// Each round has three passes, each over every column, starting from a
+/// different column each round (so no column always runs first or after the
+/// same neighbour):
+///
+/// 1. latency at concurrency 1, interleaved **per request** (A B C A B C …),
+///    so a burst of noise from the machine's other jobs hits every column
+///    alike; p50 and p99 per column and round;
+/// 2. allocations: `n_alloc` requests in a row per column, counted;
+/// 3. throughput at concurrency 64: `64 × per_task` requests per column.
 pub(crate) fn run(mode: Mode) -> Result<Checks, BoxError> {
-    let rounds: usize = mode.pick(3, 15);
-    let n1: usize = mode.pick(50, 2_000);
-    let per_task: usize = mode.pick(5, 300);
+    let rounds: usize = mode.pick(3, 25);
+    let n1: usize = mode.pick(50, 1_000);
+    let n_alloc: usize = mode.pick(50, 500);
+    let per_task: usize = mode.pick(5, 100);
     let budget = mode.pick(Duration::from_secs(10), Duration::from_secs(240));
-    let batch_limit = Duration::from_secs(60);
+    let pass_limit = Duration::from_secs(60);
 
     let server = ServerProcess::spawn(budget * 2 + Duration::from_secs(60))?;
     let target = Target::new(&server, "/ok")?;
@@ -222,7 +237,7 @@ pub(crate) fn run(mode: Mode) -> Result<Checks, BoxError> {
         .enable_all()
         .build()?;
 
-    let (mut cols, p50, p99, rps, allocs) = rt.block_on(async {
+    let (cols, p50, p99, rps, allocs) = rt.block_on(async {
         let mut cols = columns()?;
         let k = cols.len();
         let (mut p50, mut p99, mut rps, mut allocs) = (
@@ -232,26 +247,47 @@ pub(crate) fn run(mode: Mode) -> Result<Checks, BoxError> {
             vec![Samples::default(); k],
         );
         // Warm up: open the 64 connections of each pool once.
-        let mut lat = Vec::with_capacity(n1);
         for col in &mut cols {
-            tokio::time::timeout(batch_limit, col.concurrent(&target, TASKS, 2)).await??;
-            tokio::time::timeout(batch_limit, col.c1(&target, n1.min(100), &mut lat)).await??;
+            tokio::time::timeout(pass_limit, col.concurrent(&target, TASKS, 2)).await??;
+            tokio::time::timeout(pass_limit, col.batch(&target, n_alloc.min(100))).await??;
         }
+        let mut lat = vec![Vec::with_capacity(n1); k];
         let start = Instant::now();
         for round in 0..rounds {
-            for (i, col) in cols.iter_mut().enumerate() {
-                lat.clear();
-                let batch = col.c1(&target, n1, &mut lat);
-                let a0 = allocations();
-                tokio::time::timeout(batch_limit, batch).await??;
-                let a1 = allocations();
-                allocs[i].0.push((a1 - a0) as f64 / n1 as f64);
-                lat.sort_unstable();
-                p50[i].0.push(percentile(&lat, 50.0) as f64);
-                p99[i].0.push(percentile(&lat, 99.0) as f64);
+            let order: Vec<usize> = (0..k).map(|j| (j + round) % k).collect();
 
+            for l in &mut lat {
+                l.clear();
+            }
+            tokio::time::timeout(pass_limit, async {
+                for _ in 0..n1 {
+                    for &i in &order {
+                        let one = cols[i].one(&target);
+                        let t0 = Instant::now();
+                        one.await?;
+                        lat[i].push(t0.elapsed().as_nanos() as u64);
+                    }
+                }
+                Ok::<_, BoxError>(())
+            })
+            .await??;
+            for (i, l) in lat.iter_mut().enumerate() {
+                l.sort_unstable();
+                p50[i].0.push(percentile(l, 50.0) as f64);
+                p99[i].0.push(percentile(l, 99.0) as f64);
+            }
+
+            for &i in &order {
+                let batch = cols[i].batch(&target, n_alloc);
+                let a0 = allocations();
+                tokio::time::timeout(pass_limit, batch).await??;
+                let a1 = allocations();
+                allocs[i].0.push((a1 - a0) as f64 / n_alloc as f64);
+            }
+
+            for &i in &order {
                 let t0 = Instant::now();
-                tokio::time::timeout(batch_limit, col.concurrent(&target, TASKS, per_task))
+                tokio::time::timeout(pass_limit, cols[i].concurrent(&target, TASKS, per_task))
                     .await??;
                 rps[i]
                     .0
@@ -267,7 +303,7 @@ pub(crate) fn run(mode: Mode) -> Result<Checks, BoxError> {
 
     let mut table = Table::new(
         format!(
-            "Loopback, HTTP/1.1 on 127.0.0.1, server in another process ({} rounds; c=1: {n1} requests, c=64: {} requests per column and round)",
+            "Loopback, HTTP/1.1 on 127.0.0.1, server in another process ({} rounds; per column and round: c=1 {n1} requests, allocations over {n_alloc}, c=64 {} requests)",
             p50[0].0.len(),
             TASKS * per_task
         ),
@@ -282,7 +318,7 @@ pub(crate) fn run(mode: Mode) -> Result<Checks, BoxError> {
             "allocs/req",
         ],
     );
-    for (i, col) in cols.iter_mut().enumerate() {
+    for (i, col) in cols.iter().enumerate() {
         table.row(vec![
             col.name().to_owned(),
             f(p50[i].median() / 1e3, 1),

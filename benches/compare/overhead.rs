@@ -163,8 +163,10 @@ pub(crate) fn run(mode: Mode) -> Result<Checks, BoxError> {
         }
         let start = Instant::now();
         for round in 0..rounds {
-            for (i, col) in cols.iter_mut().enumerate() {
-                let batch = col.batch(n);
+            // A different column goes first each round.
+            let k = cols.len();
+            for i in (0..k).map(|j| (j + round) % k) {
+                let batch = cols[i].batch(n);
                 let a0 = allocations();
                 let t0 = Instant::now();
                 tokio::time::timeout(batch_limit, batch).await??;
