@@ -18,15 +18,23 @@ use http_body_util::Full;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use rand::rngs::SmallRng;
+use rand::seq::SliceRandom as _;
+use rand::SeedableRng as _;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tower::{BoxError, Service, ServiceExt as _};
 
 use crate::overhead::drain;
-use crate::peers::{reqwest_client, reqwest_retry_client, tower_stack, Attempts};
+use crate::peers::{
+    reqwest_client, reqwest_retry_client, tower_stack, Attempts, TOWER_LIMIT, TOWER_TIMEOUT,
+};
 use crate::report::{f, percentile, Checks, Samples, Table};
 use crate::server::ServerProcess;
 use crate::{allocations, Mode};
+use tower::limit::ConcurrencyLimit;
+use tower::retry::Retry;
+use tower::timeout::Timeout;
 
 /// Where a client sends its requests: the same URL as a `Uri` (for
 /// hyper-based clients) and as a string (for reqwest, as its users write it).
@@ -193,12 +201,32 @@ pub(crate) fn column<C: Sender>(name: &str, client: C) -> Box<dyn Column> {
 const REBOUND_PENDING: &[&str] = &["rebound::Client (defaults)"];
 
 fn columns() -> Result<Vec<Box<dyn Column>>, BoxError> {
-    let hyper = hyper_client();
+    // Each column has its own client and so its own connection pool: a
+    // shared pool would hand one column the connection another just warmed.
     Ok(vec![
-        column("bare hyper-util client (baseline)", Tower(hyper.clone())),
+        column("bare hyper-util client (baseline)", Tower(hyper_client())),
+        // A/A control: the baseline again, as its own column. Its ratios
+        // show how far apart two identical columns land in this run.
+        column(
+            "bare hyper-util client again (A/A control)",
+            Tower(hyper_client()),
+        ),
         column(
             "tower: ConcurrencyLimit + Retry(3) + Timeout on it",
-            Tower(tower_stack(hyper, Attempts::new(3))),
+            Tower(tower_stack(hyper_client(), Attempts::new(3))),
+        ),
+        // tower's stack split in two: where its cost on the wire comes from
+        // (a timer armed per request is the larger part at c=1).
+        column(
+            "tower: Timeout alone on it",
+            Tower(Timeout::new(hyper_client(), TOWER_TIMEOUT)),
+        ),
+        column(
+            "tower: ConcurrencyLimit + Retry(3) alone on it",
+            Tower(ConcurrencyLimit::new(
+                Retry::new(Attempts::new(3), hyper_client()),
+                TOWER_LIMIT,
+            )),
         ),
         column("reqwest", Reqwest(reqwest_client()?)),
         column(
@@ -213,13 +241,13 @@ const TASKS: usize = 64;
 
 /// Runs the section and prints its table.
 ///
-/// Each round has three passes, each over every column, starting from a
-/// different column each round (so no column always runs first or after the
-/// same neighbour):
+/// Each round has three passes, each over every column in a shuffled order
+/// (a fixed seed; so no column always runs first or after the same
+/// neighbour):
 ///
-/// 1. latency at concurrency 1, interleaved **per request** (A B C A B C …),
-///    so a burst of noise from the machine's other jobs hits every column
-///    alike; p50 and p99 per column and round;
+/// 1. latency at concurrency 1, interleaved **per request** (A B C, C A B, …,
+///    reshuffled every time), so a burst of noise from the machine's other
+///    jobs hits every column alike; p50 and p99 per column and round;
 /// 2. allocations: `n_alloc` requests in a row per column, counted;
 /// 3. throughput at concurrency 64: `64 × per_task` requests per column.
 pub(crate) fn run(mode: Mode) -> Result<Checks, BoxError> {
@@ -253,14 +281,15 @@ pub(crate) fn run(mode: Mode) -> Result<Checks, BoxError> {
         }
         let mut lat = vec![Vec::with_capacity(n1); k];
         let start = Instant::now();
+        let mut rng = SmallRng::seed_from_u64(7);
+        let mut order: Vec<usize> = (0..k).collect();
         for round in 0..rounds {
-            let order: Vec<usize> = (0..k).map(|j| (j + round) % k).collect();
-
             for l in &mut lat {
                 l.clear();
             }
             tokio::time::timeout(pass_limit, async {
                 for _ in 0..n1 {
+                    order.shuffle(&mut rng);
                     for &i in &order {
                         let one = cols[i].one(&target);
                         let t0 = Instant::now();
@@ -277,6 +306,7 @@ pub(crate) fn run(mode: Mode) -> Result<Checks, BoxError> {
                 p99[i].0.push(percentile(l, 99.0) as f64);
             }
 
+            order.shuffle(&mut rng);
             for &i in &order {
                 let batch = cols[i].batch(&target, n_alloc);
                 let a0 = allocations();
@@ -285,6 +315,7 @@ pub(crate) fn run(mode: Mode) -> Result<Checks, BoxError> {
                 allocs[i].0.push((a1 - a0) as f64 / n_alloc as f64);
             }
 
+            order.shuffle(&mut rng);
             for &i in &order {
                 let t0 = Instant::now();
                 tokio::time::timeout(pass_limit, cols[i].concurrent(&target, TASKS, per_task))

@@ -15,6 +15,9 @@ use bytes::Bytes;
 use http::{Request, Response, Uri};
 use http_body::Body;
 use http_body_util::{BodyExt as _, Empty, Full};
+use rand::rngs::SmallRng;
+use rand::seq::SliceRandom as _;
+use rand::SeedableRng as _;
 use tokio::time::Instant;
 use tower::layer::util::Identity;
 use tower::{BoxError, Layer, Service, ServiceExt as _};
@@ -136,6 +139,8 @@ const REBOUND_PENDING: &[&str] = &[
 fn columns() -> Vec<Box<dyn Column>> {
     vec![
         with_layer("bare service_fn (baseline)", Identity::new()),
+        // A/A control: the baseline again; shows the noise floor of the run.
+        with_layer("bare service_fn again (A/A control)", Identity::new()),
         with_layer(
             "tower: ConcurrencyLimit + Retry(3) + Timeout",
             tower::layer::layer_fn(|s| tower_stack(s, Attempts::new(3))),
@@ -161,11 +166,14 @@ pub(crate) fn run(mode: Mode) -> Result<Checks, BoxError> {
         for col in &mut cols {
             tokio::time::timeout(batch_limit, col.batch(n.min(10_000))).await??;
         }
+        let mut rng = SmallRng::seed_from_u64(7);
+        let mut order: Vec<usize> = (0..cols.len()).collect();
         let start = Instant::now();
         for round in 0..rounds {
-            // A different column goes first each round.
-            let k = cols.len();
-            for i in (0..k).map(|j| (j + round) % k) {
+            // A shuffled order each round (fixed seed): no column always
+            // runs first or after the same neighbour.
+            order.shuffle(&mut rng);
+            for &i in &order {
                 let batch = cols[i].batch(n);
                 let a0 = allocations();
                 let t0 = Instant::now();
