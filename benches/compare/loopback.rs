@@ -12,6 +12,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use bytes::Bytes;
+use cpu_time::ProcessTime;
 use http::{Request, Response, StatusCode, Uri};
 use http_body::Body;
 use http_body_util::Full;
@@ -249,7 +250,10 @@ const TASKS: usize = 64;
 ///    reshuffled every time), so a burst of noise from the machine's other
 ///    jobs hits every column alike; p50 and p99 per column and round;
 /// 2. allocations: `n_alloc` requests in a row per column, counted;
-/// 3. throughput at concurrency 64: `64 × per_task` requests per column.
+/// 3. throughput at concurrency 64: `64 × per_task` requests per column,
+///    and this process's CPU time per request over that pass (all of it is
+///    the client's: the server is another process), which preemption by
+///    other jobs does not inflate.
 pub(crate) fn run(mode: Mode) -> Result<Checks, BoxError> {
     let rounds: usize = mode.pick(3, 25);
     let n1: usize = mode.pick(50, 1_000);
@@ -265,10 +269,11 @@ pub(crate) fn run(mode: Mode) -> Result<Checks, BoxError> {
         .enable_all()
         .build()?;
 
-    let (cols, p50, p99, rps, allocs) = rt.block_on(async {
+    let (cols, p50, p99, rps, cpu, allocs) = rt.block_on(async {
         let mut cols = columns()?;
         let k = cols.len();
-        let (mut p50, mut p99, mut rps, mut allocs) = (
+        let (mut p50, mut p99, mut rps, mut cpu, mut allocs) = (
+            vec![Samples::default(); k],
             vec![Samples::default(); k],
             vec![Samples::default(); k],
             vec![Samples::default(); k],
@@ -318,17 +323,18 @@ pub(crate) fn run(mode: Mode) -> Result<Checks, BoxError> {
             order.shuffle(&mut rng);
             for &i in &order {
                 let t0 = Instant::now();
+                let c0 = ProcessTime::now();
                 tokio::time::timeout(pass_limit, cols[i].concurrent(&target, TASKS, per_task))
                     .await??;
-                rps[i]
-                    .0
-                    .push((TASKS * per_task) as f64 / t0.elapsed().as_secs_f64());
+                let requests = (TASKS * per_task) as f64;
+                cpu[i].0.push(c0.elapsed().as_nanos() as f64 / requests);
+                rps[i].0.push(requests / t0.elapsed().as_secs_f64());
             }
             if round >= 2 && start.elapsed() > budget {
                 break;
             }
         }
-        Ok::<_, BoxError>((cols, p50, p99, rps, allocs))
+        Ok::<_, BoxError>((cols, p50, p99, rps, cpu, allocs))
     })?;
     drop(server);
 
@@ -346,6 +352,8 @@ pub(crate) fn run(mode: Mode) -> Result<Checks, BoxError> {
             "p99 × bare",
             "c=64 req/s",
             "req/s × bare",
+            "c=64 CPU µs/req",
+            "CPU × bare",
             "allocs/req",
         ],
     );
@@ -358,6 +366,8 @@ pub(crate) fn run(mode: Mode) -> Result<Checks, BoxError> {
             f(p99[i].ratio_to(&p99[0]), 2),
             f(rps[i].median(), 0),
             f(rps[i].ratio_to(&rps[0]), 3),
+            f(cpu[i].median() / 1e3, 2),
+            f(cpu[i].ratio_to(&cpu[0]), 3),
             f(allocs[i].median(), 1),
         ]);
     }
