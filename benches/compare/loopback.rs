@@ -1,11 +1,12 @@
 //! Loopback throughput and latency: clients in this process against the
 //! bench server in another process on 127.0.0.1, HTTP/1.1 with keep-alive.
 //!
-//! Per round and column: `n1` requests one after the other (concurrency 1:
-//! p50 and p99 latency, and this process's allocations per request, which
-//! are all the client's since the server lives elsewhere), then `n64`
-//! requests from 64 tasks (concurrency 64: requests per second). The client
-//! runtime is multi-threaded with 2 workers.
+//! Per round: latency at concurrency 1 (p50, p99), this process's
+//! allocations per request (all the client's: the server lives elsewhere),
+//! and requests per second and CPU per request at concurrency 64; see
+//! [`run`] for how the passes are interleaved. Every column has its own
+//! client (its own pool). The client runtime is multi-threaded with 2
+//! workers.
 
 use std::future::Future;
 use std::pin::Pin;
