@@ -241,6 +241,15 @@ fn columns() -> Result<Vec<Box<dyn Column>>, BoxError> {
 
 const TASKS: usize = 64;
 
+/// Drops the columns `--filter` leaves out; the baseline (first) stays.
+fn keep(cols: &mut Vec<Box<dyn Column>>, mode: Mode) {
+    let mut i = 0;
+    cols.retain(|c| {
+        i += 1;
+        i == 1 || mode.keeps(c.name())
+    });
+}
+
 /// Runs the section and prints its table.
 ///
 /// Each round has three passes, each over every column in a shuffled order
@@ -272,6 +281,7 @@ pub(crate) fn run(mode: Mode) -> Result<Checks, BoxError> {
 
     let (cols, p50, p99, rps, cpu, allocs) = rt.block_on(async {
         let mut cols = columns()?;
+        keep(&mut cols, mode);
         let k = cols.len();
         let (mut p50, mut p99, mut rps, mut cpu, mut allocs) = (
             vec![Samples::default(); k],
@@ -372,7 +382,7 @@ pub(crate) fn run(mode: Mode) -> Result<Checks, BoxError> {
             f(allocs[i].median(), 1),
         ]);
     }
-    for name in REBOUND_PENDING {
+    for name in REBOUND_PENDING.iter().filter(|n| mode.keeps(n)) {
         table.pending(name);
     }
     table.print();

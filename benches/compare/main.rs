@@ -11,6 +11,7 @@
 //! cargo bench --bench compare                       # full run, by hand (minutes)
 //! cargo bench --bench compare -- --quick            # tiny counts, seconds (CI)
 //! cargo bench --bench compare -- --only outage,herd # some sections only
+//! cargo bench --bench compare -- --only overhead --filter tower  # one column
 //! ```
 //!
 //! Sections: `overhead` (in-process), `loopback` (a hyper server in a
@@ -53,9 +54,17 @@ pub(crate) fn allocations() -> u64 {
 pub(crate) struct Mode {
     /// Tiny counts, a few seconds in all (CI's smoke run).
     pub(crate) quick: bool,
+    /// Keep only the columns whose name contains this (the baseline always
+    /// stays): one column at a time for a profiler.
+    pub(crate) filter: Option<&'static str>,
 }
 
 impl Mode {
+    /// Whether a column (not the baseline) is to be run.
+    pub(crate) fn keeps(&self, column: &str) -> bool {
+        self.filter.is_none_or(|f| column.contains(f))
+    }
+
     /// Pick `quick` or `full` by mode.
     pub(crate) fn pick<T>(&self, quick: T, full: T) -> T {
         if self.quick {
@@ -88,7 +97,12 @@ fn main() -> ExitCode {
         }
     }
     let wanted = |s: &str| only.as_ref().is_none_or(|o| o.iter().any(|x| x == s));
-    let mode = Mode { quick };
+    let filter = args
+        .iter()
+        .position(|a| a == "--filter")
+        .and_then(|i| args.get(i + 1))
+        .map(|f| &*Box::leak(f.clone().into_boxed_str()));
+    let mode = Mode { quick, filter };
 
     println!(
         "# rebound benchmarks ({} mode, {} build, {} cores visible)",

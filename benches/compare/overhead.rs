@@ -153,6 +153,15 @@ fn columns() -> Vec<Box<dyn Column>> {
     ]
 }
 
+/// Drops the columns `--filter` leaves out; the baseline (first) stays.
+fn keep(cols: &mut Vec<Box<dyn Column>>, mode: Mode) {
+    let mut i = 0;
+    cols.retain(|c| {
+        i += 1;
+        i == 1 || mode.keeps(c.name())
+    });
+}
+
 /// Runs the section and prints its table.
 pub(crate) fn run(mode: Mode) -> Result<Checks, BoxError> {
     let rounds: usize = mode.pick(3, 61);
@@ -164,6 +173,7 @@ pub(crate) fn run(mode: Mode) -> Result<Checks, BoxError> {
         .enable_all()
         .build()?;
     let mut cols = columns();
+    keep(&mut cols, mode);
     let (ns, allocs) = rt.block_on(async {
         let mut ns = vec![Samples::default(); cols.len()];
         let mut allocs = vec![Samples::default(); cols.len()];
@@ -210,7 +220,7 @@ pub(crate) fn run(mode: Mode) -> Result<Checks, BoxError> {
             f(allocs[i].median(), 2),
         ]);
     }
-    for name in REBOUND_PENDING {
+    for name in REBOUND_PENDING.iter().filter(|n| mode.keeps(n)) {
         table.pending(name);
     }
     table.print();
