@@ -1,0 +1,235 @@
+//! In-process overhead: what a stack of layers adds to a service that
+//! answers 200 at once, in ns per request and heap allocations per request.
+//!
+//! Columns run interleaved on one current-thread runtime; each round sends
+//! `n` requests one after the other through each column (`ready`, `call`,
+//! read the response body to its end), in a shuffled order. Time is this
+//! thread's **CPU time** (all the work runs on it), so being preempted by
+//! the machine's other jobs does not count; cache pollution still does.
+//! "added ns" is the median over rounds of `column − bare` in the same
+//! round.
+
+use std::convert::Infallible;
+use std::future::{ready, Future, Ready};
+use std::pin::{pin, Pin};
+use std::time::Duration;
+
+use bytes::Bytes;
+use cpu_time::ThreadTime;
+use http::{Request, Response, Uri};
+use http_body::Body;
+use http_body_util::{BodyExt as _, Empty, Full};
+use rand::rngs::SmallRng;
+use rand::seq::SliceRandom as _;
+use rand::SeedableRng as _;
+use tokio::time::Instant;
+use tower::layer::util::Identity;
+use tower::{BoxError, Layer, Service, ServiceExt as _};
+
+use crate::peers::{tower_stack, Attempts};
+use crate::report::{f, Checks, Samples, Table};
+use crate::{allocations, Mode};
+
+/// The request every column sends.
+pub(crate) type Req = Request<Full<Bytes>>;
+
+type Answer = Ready<Result<Response<Empty<Bytes>>, Infallible>>;
+
+/// The bare service: a `tower::service_fn` answering 200 at once (a named
+/// type, so any `tower::Layer<Bare>` can wrap it).
+pub(crate) type Bare = tower::util::ServiceFn<fn(Req) -> Answer>;
+
+fn ok200(_req: Req) -> Answer {
+    ready(Ok(Response::new(Empty::new())))
+}
+
+pub(crate) fn bare() -> Bare {
+    tower::service_fn(ok200 as fn(Req) -> Answer)
+}
+
+fn request() -> Req {
+    let mut req = Request::new(Full::new(Bytes::new()));
+    *req.uri_mut() = Uri::from_static("http://bench.invalid/ok");
+    req
+}
+
+/// Reads a body to its end, without allocating.
+pub(crate) async fn drain<B>(body: B) -> Result<(), BoxError>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    let mut body = pin!(body);
+    while let Some(frame) = body.frame().await {
+        frame.map_err(Into::into)?;
+    }
+    Ok(())
+}
+
+type BatchFuture<'a> = Pin<Box<dyn Future<Output = Result<(), BoxError>> + 'a>>;
+
+/// One column: a service sent `n` requests in a row.
+trait Column {
+    fn name(&self) -> &str;
+    /// The batch future is boxed once per batch, before counting starts.
+    fn batch(&mut self, n: u64) -> BatchFuture<'_>;
+}
+
+struct SvcColumn<S> {
+    name: String,
+    svc: S,
+}
+
+impl<S, RB> Column for SvcColumn<S>
+where
+    S: Service<Req, Response = Response<RB>>,
+    S::Error: Into<BoxError>,
+    RB: Body,
+    RB::Error: Into<BoxError>,
+{
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn batch(&mut self, n: u64) -> BatchFuture<'_> {
+        Box::pin(async move {
+            for _ in 0..n {
+                let svc = self.svc.ready().await.map_err(Into::into)?;
+                let res = svc
+                    .call(std::hint::black_box(request()))
+                    .await
+                    .map_err(Into::into)?;
+                if !res.status().is_success() {
+                    return Err(format!("{}: status {}", self.name, res.status()).into());
+                }
+                drain(res.into_body()).await?;
+            }
+            Ok(())
+        })
+    }
+}
+
+/// A column made of any `tower::Layer` around the bare service: this is how
+/// rebound's full stack and each of its layers alone are added.
+fn with_layer<L, RB>(name: &str, layer: L) -> Box<dyn Column>
+where
+    L: Layer<Bare>,
+    L::Service: Service<Req, Response = Response<RB>> + 'static,
+    <L::Service as Service<Req>>::Error: Into<BoxError>,
+    RB: Body + 'static,
+    RB::Error: Into<BoxError>,
+{
+    Box::new(SvcColumn {
+        name: name.to_owned(),
+        svc: layer.layer(bare()),
+    })
+}
+
+/// rebound's columns, added here once its layers are on main; until then
+/// the table shows them as pending.
+const REBOUND_PENDING: &[&str] = &[
+    "rebound: full default stack",
+    "rebound: Deadline alone",
+    "rebound: ConcurrencyLimit alone",
+    "rebound: IdempotencyKey alone",
+    "rebound: Retry alone",
+    "rebound: Backoff alone",
+    "rebound: RetryAfter alone",
+    "rebound: Classify alone",
+    "rebound: AttemptTimeout alone",
+    "rebound: Trace alone",
+];
+
+fn columns() -> Vec<Box<dyn Column>> {
+    vec![
+        with_layer("bare service_fn (baseline)", Identity::new()),
+        // A/A control: the baseline again; shows the noise floor of the run.
+        with_layer("bare service_fn again (A/A control)", Identity::new()),
+        with_layer(
+            "tower: ConcurrencyLimit + Retry(3) + Timeout",
+            tower::layer::layer_fn(|s| tower_stack(s, Attempts::new(3))),
+        ),
+        // rebound: with_layer("rebound: full default stack", <the stack>), ...
+    ]
+}
+
+/// Drops the columns `--filter` leaves out; the baseline (first) stays.
+fn keep(cols: &mut Vec<Box<dyn Column>>, mode: Mode) {
+    let mut i = 0;
+    cols.retain(|c| {
+        i += 1;
+        i == 1 || mode.keeps(c.name())
+    });
+}
+
+/// Runs the section and prints its table.
+pub(crate) fn run(mode: Mode) -> Result<Checks, BoxError> {
+    let rounds: usize = mode.pick(3, 61);
+    let n: u64 = mode.pick(2_000, 20_000);
+    let budget = mode.pick(Duration::from_secs(5), Duration::from_secs(120));
+    let batch_limit = Duration::from_secs(60);
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let mut cols = columns();
+    keep(&mut cols, mode);
+    let (ns, allocs) = rt.block_on(async {
+        let mut ns = vec![Samples::default(); cols.len()];
+        let mut allocs = vec![Samples::default(); cols.len()];
+        for col in &mut cols {
+            tokio::time::timeout(batch_limit, col.batch(n.min(10_000))).await??;
+        }
+        let mut rng = SmallRng::seed_from_u64(7);
+        let mut order: Vec<usize> = (0..cols.len()).collect();
+        let start = Instant::now();
+        for round in 0..rounds {
+            // A shuffled order each round (fixed seed): no column always
+            // runs first or after the same neighbour.
+            order.shuffle(&mut rng);
+            for &i in &order {
+                let batch = cols[i].batch(n);
+                let a0 = allocations();
+                let t0 = ThreadTime::now();
+                tokio::time::timeout(batch_limit, batch).await??;
+                let dt = t0.elapsed();
+                let a1 = allocations();
+                ns[i].0.push(dt.as_nanos() as f64 / n as f64);
+                allocs[i].0.push((a1 - a0) as f64 / n as f64);
+            }
+            if round >= 2 && start.elapsed() > budget {
+                break;
+            }
+        }
+        Ok::<_, BoxError>((ns, allocs))
+    })?;
+
+    let mut table = Table::new(
+        format!(
+            "In-process overhead ({} rounds × {n} requests per column, current-thread runtime, thread CPU time)",
+            ns[0].0.len()
+        ),
+        &["column", "CPU ns/req", "× bare", "added ns/req", "allocs/req"],
+    );
+    for (i, col) in cols.iter().enumerate() {
+        table.row(vec![
+            col.name().to_owned(),
+            f(ns[i].median(), 1),
+            f(ns[i].ratio_to(&ns[0]), 2),
+            f(ns[i].minus(&ns[0]), 1),
+            f(allocs[i].median(), 2),
+        ]);
+    }
+    for name in REBOUND_PENDING.iter().filter(|n| mode.keeps(n)) {
+        table.pending(name);
+    }
+    table.print();
+
+    let mut checks = Checks::default();
+    checks.check(
+        "the bare service allocates nothing per request",
+        allocs[0].median() < 0.01,
+    );
+    checks.print();
+    Ok(checks)
+}
