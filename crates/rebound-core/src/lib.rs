@@ -70,6 +70,8 @@ pub use crate::error::{BoxError, Error, ErrorKind, TimeoutStage};
 // --- re-exports: retry core ---
 
 // --- re-exports: timeouts ---
+pub use crate::attempt_timeout::{AttemptTimeout, AttemptTimeoutLayer};
+pub use crate::deadline::{DeadlineBody, DeadlineLayer, DeadlineService};
 
 // --- re-exports: writes ---
 
