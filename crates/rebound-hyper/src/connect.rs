@@ -35,11 +35,11 @@
 //!    `HttpConnector` by default: DNS, then every resolved address in turn,
 //!    with Happy Eyeballs) bounded by [`Connector::connect_timeout`] in
 //!    total → [`TimeoutStage::Connect`]; a refusal or unreachable host →
-//!    [`ErrorKind::Connect`](rebound_core::ErrorKind::Connect).
+//!    [`ErrorKind::Connect`].
 //! 2. **tls** (for `https` only): the rustls handshake, bounded by
 //!    [`Connector::tls_timeout`] measured from TCP-established →
 //!    [`TimeoutStage::Tls`]; a failed handshake (untrusted certificate, ...)
-//!    → [`ErrorKind::Tls`](rebound_core::ErrorKind::Tls).
+//!    → [`ErrorKind::Tls`].
 //!
 //! hyper-rustls's own connector runs both stages in one future with no
 //! handshake timeout, so the handshake is done here with tokio-rustls; the

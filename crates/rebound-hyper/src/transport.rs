@@ -34,8 +34,8 @@
 //! * Response: returned as soon as its head arrives, with the body wrapped in
 //!   a [`ResponseBody`] (idle and minimum-rate timeouts).
 //! * Errors: rebound [`Error`]s with their kind and an explicit
-//!   [`Sent`](rebound_core::Sent) answer in their extensions (see
-//!   [`crate::error`'s rules](crate#errors-and-the-sent-answer)).
+//!   [`Sent`] answer in their extensions (see
+//!   [the crate docs](crate#errors-and-the-sent-answer)).
 //! * hyper-util re-sends by itself a request that was never written to a
 //!   *reused* pooled connection (`retry_canceled_requests`, kept on). Those
 //!   re-sends happen inside one call of this service, so the retry layer

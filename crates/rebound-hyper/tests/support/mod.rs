@@ -152,12 +152,14 @@ pub async fn tls_echo_version_server(config: Arc<rustls::ServerConfig>) -> Serve
             let Ok(tls) = acceptor.accept(socket).await else {
                 return;
             };
-            let svc = hyper::service::service_fn(|req: http::Request<hyper::body::Incoming>| async move {
-                Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from(format!(
-                    "{:?}",
-                    req.version()
-                )))))
-            });
+            let svc = hyper::service::service_fn(
+                |req: http::Request<hyper::body::Incoming>| async move {
+                    Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from(format!(
+                        "{:?}",
+                        req.version()
+                    )))))
+                },
+            );
             let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                 .serve_connection(TokioIo::new(tls), svc)
                 .await;
