@@ -436,3 +436,43 @@ async fn userinfo_never_reaches_the_wire_as_userinfo() {
     })
     .await
 }
+
+#[tokio::test]
+async fn http2_refused_stream_is_not_sent() {
+    bounded(async {
+        let pki = test_pki(&[b"h2"]);
+        let acceptor = tokio_rustls::TlsAcceptor::from(pki.server.clone());
+        // An HTTP/2 server that refuses every stream (REFUSED_STREAM: the
+        // request was not processed).
+        let server = raw_server(move |socket| {
+            let acceptor = acceptor.clone();
+            async move {
+                let Ok(tls) = acceptor.accept(socket).await else {
+                    return;
+                };
+                let Ok(mut conn) = h2::server::handshake(tls).await else {
+                    return;
+                };
+                while let Some(Ok((_req, mut respond))) = conn.accept().await {
+                    respond.send_reset(h2::Reason::REFUSED_STREAM);
+                }
+            }
+        })
+        .await;
+        let transport = HyperTransport::builder()
+            .tls_roots(TlsRoots::Custom(pki.roots.clone()))
+            .build()
+            .unwrap();
+        let err = transport
+            .oneshot(
+                Request::post(format!("https://127.0.0.1:{}/orders", server.addr.port()))
+                    .body(Body::from("{}"))
+                    .unwrap(),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(sent(&err), Some(Sent::NotSent), "{err:?}");
+        assert!(err.to_string().contains("HTTP/2 stream refused"), "{err}");
+    })
+    .await
+}
