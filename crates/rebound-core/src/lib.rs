@@ -80,6 +80,8 @@ pub use crate::retry::{Retry, RetryBudget, RetryLayer, RetryPolicy};
 pub use crate::retry_after::{OverCap, RetryAfter, RetryAfterLayer};
 
 // --- re-exports: timeouts ---
+pub use crate::attempt_timeout::{AttemptTimeout, AttemptTimeoutLayer};
+pub use crate::deadline::{DeadlineBody, DeadlineLayer, DeadlineService};
 
 // --- re-exports: writes ---
 pub use crate::collect::{CollectBody, CollectBodyLayer, CollectedBody};

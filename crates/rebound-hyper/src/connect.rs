@@ -1,0 +1,317 @@
+//! The connector: TCP and TLS as two stages, each with its own timeout and
+//! its own error stage.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), rebound_core::Error> {
+//! use std::time::Duration;
+//!
+//! use rebound_core::{Sent, TimeoutStage};
+//! use rebound_hyper::connect::{tls_config, Connector, TlsRoots};
+//! use tower::ServiceExt;
+//!
+//! // A server that accepts TCP and never speaks TLS.
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+//! let addr = listener.local_addr().unwrap();
+//! let _server = tokio::spawn(async move {
+//!     let (_socket, _) = listener.accept().await.unwrap();
+//!     std::future::pending::<()>().await;
+//! });
+//!
+//! let connector = Connector::http(tls_config(&TlsRoots::Webpki, true)?)
+//!     .tls_timeout(Duration::from_millis(200))?;
+//! let uri: http::Uri = format!("https://localhost:{}/", addr.port()).parse().unwrap();
+//! let err = connector.oneshot(uri).await.unwrap_err();
+//! assert_eq!(err.timeout_stage(), Some(TimeoutStage::Tls));
+//! assert_eq!(err.extensions().get::<Sent>(), Some(&Sent::NotSent));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! [`Connector`] is the `tower::Service<Uri>` hyper-util's client connects
+//! with. It runs two stages:
+//!
+//! 1. **connect**: the inner TCP connector (`C`, hyper-util's
+//!    `HttpConnector` by default: DNS, then every resolved address in turn,
+//!    with Happy Eyeballs) bounded by [`Connector::connect_timeout`] in
+//!    total → [`TimeoutStage::Connect`]; a refusal or unreachable host →
+//!    [`ErrorKind::Connect`].
+//! 2. **tls** (for `https` only): the rustls handshake, bounded by
+//!    [`Connector::tls_timeout`] measured from TCP-established →
+//!    [`TimeoutStage::Tls`]; a failed handshake (untrusted certificate, ...)
+//!    → [`ErrorKind::Tls`].
+//!
+//! hyper-rustls's own connector runs both stages in one future with no
+//! handshake timeout, so the handshake is done here with tokio-rustls; the
+//! result is hyper-rustls's [`MaybeHttpsStream`], whose ALPN answer makes
+//! hyper-util speak HTTP/2 when the server chose `h2`.
+//!
+//! Every error carries [`Sent::NotSent`]: nothing was written to a server.
+//!
+//! The TCP stage is pluggable ([`Connector::new`] takes any connector), so a
+//! test can insert a connector that delays, or a proxy can be dialled.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::Uri;
+use hyper::rt;
+use hyper_rustls::{ConfigBuilderExt, MaybeHttpsStream};
+use hyper_util::client::legacy::connect::{Connection, HttpConnector};
+use hyper_util::rt::TokioIo;
+use rebound_core::{BoxError, Error, ErrorKind, Sent, TimeoutStage};
+use rustls::pki_types::ServerName;
+use rustls::{ClientConfig, RootCertStore};
+use tower_service::Service;
+
+use crate::error::from_connect_stage;
+use crate::response_body::validate;
+
+/// Default [`Connector::connect_timeout`]: 3 s.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// Default [`Connector::tls_timeout`]: 5 s.
+pub const DEFAULT_TLS_TIMEOUT: Duration = Duration::from_secs(5);
+
+// ===== TLS configuration =====
+
+/// Which root certificates the transport trusts.
+#[derive(Clone, Default)]
+#[non_exhaustive]
+pub enum TlsRoots {
+    /// Mozilla's roots, as packaged by `webpki-roots` (the default).
+    #[default]
+    Webpki,
+    /// The operating system's roots (feature `native-roots`).
+    #[cfg(feature = "native-roots")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "native-roots")))]
+    Native,
+    /// Exactly these roots (e.g. a test CA).
+    Custom(RootCertStore),
+}
+
+impl fmt::Debug for TlsRoots {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TlsRoots::Webpki => f.write_str("Webpki"),
+            #[cfg(feature = "native-roots")]
+            TlsRoots::Native => f.write_str("Native"),
+            TlsRoots::Custom(store) => write!(f, "Custom({} roots)", store.len()),
+        }
+    }
+}
+
+/// A rustls client configuration on the `ring` provider with safe default
+/// protocol versions, trusting `roots`, offering `h2` (when `http2`) and
+/// `http/1.1` by ALPN.
+///
+/// # Errors
+///
+/// A [configuration error](Error::is_config) if the roots cannot be loaded
+/// (no native roots found, empty custom store).
+pub fn tls_config(roots: &TlsRoots, http2: bool) -> Result<Arc<ClientConfig>, Error> {
+    let builder =
+        ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| Error::config("TLS protocol versions unavailable").with_source(e))?;
+    let builder = match roots {
+        TlsRoots::Webpki => builder.with_webpki_roots(),
+        #[cfg(feature = "native-roots")]
+        TlsRoots::Native => builder
+            .with_native_roots()
+            .map_err(|e| Error::config("no native root certificates found").with_source(e))?,
+        TlsRoots::Custom(store) => {
+            if store.is_empty() {
+                return Err(Error::config("the custom TLS root store is empty"));
+            }
+            builder.with_root_certificates(store.clone())
+        }
+    };
+    let mut config = builder.with_no_client_auth();
+    config.alpn_protocols = alpn(http2);
+    Ok(Arc::new(config))
+}
+
+pub(crate) fn alpn(http2: bool) -> Vec<Vec<u8>> {
+    if http2 {
+        vec![b"h2".to_vec(), b"http/1.1".to_vec()]
+    } else {
+        vec![b"http/1.1".to_vec()]
+    }
+}
+
+// ===== impl Connector =====
+
+/// Connects TCP, then TLS for `https`, each stage with its own timeout; see
+/// the [module docs](self).
+///
+/// # Clone
+///
+/// Cheap: the TLS configuration is shared behind an `Arc`; the inner TCP
+/// connector is cloned (hyper-util's is an `Arc` too).
+#[derive(Clone)]
+pub struct Connector<C = HttpConnector> {
+    tcp: C,
+    tls: Arc<ClientConfig>,
+    connect_timeout: Duration,
+    tls_timeout: Duration,
+}
+
+impl Connector<HttpConnector> {
+    /// A connector over hyper-util's `HttpConnector` (TCP_NODELAY on, `http`
+    /// and `https` URIs allowed) with the default timeouts.
+    pub fn http(tls: Arc<ClientConfig>) -> Self {
+        let mut tcp = HttpConnector::new();
+        tcp.enforce_http(false);
+        tcp.set_nodelay(true);
+        // hyper-util divides this among the resolved addresses, so a dead
+        // first address leaves time for the next; the outer timeout below
+        // bounds the stage as a whole.
+        tcp.set_connect_timeout(Some(DEFAULT_CONNECT_TIMEOUT));
+        Connector::new(tcp, tls)
+    }
+}
+
+impl<C> Connector<C> {
+    /// A connector whose TCP stage is `tcp`, with the default timeouts
+    /// (connect 3 s, TLS 5 s). `tcp` must accept `https` URIs (for
+    /// `HttpConnector`, call `enforce_http(false)`).
+    pub fn new(tcp: C, tls: Arc<ClientConfig>) -> Self {
+        Connector {
+            tcp,
+            tls,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            tls_timeout: DEFAULT_TLS_TIMEOUT,
+        }
+    }
+
+    /// The time allowed for the TCP stage (DNS and every address tried).
+    /// Default: 3 s.
+    ///
+    /// # Errors
+    ///
+    /// A [configuration error](Error::is_config) if `d` is zero or over a
+    /// day.
+    pub fn connect_timeout(mut self, d: Duration) -> Result<Self, Error> {
+        self.connect_timeout = validate("connect timeout", d)?;
+        Ok(self)
+    }
+
+    /// The time allowed for the TLS handshake, from TCP-established.
+    /// Default: 5 s.
+    ///
+    /// # Errors
+    ///
+    /// A [configuration error](Error::is_config) if `d` is zero or over a
+    /// day.
+    pub fn tls_timeout(mut self, d: Duration) -> Result<Self, Error> {
+        self.tls_timeout = validate("TLS timeout", d)?;
+        Ok(self)
+    }
+
+    /// A mutable reference to the inner TCP connector.
+    pub fn tcp_mut(&mut self) -> &mut C {
+        &mut self.tcp
+    }
+}
+
+impl<C> fmt::Debug for Connector<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Connector")
+            .field("connect_timeout", &self.connect_timeout)
+            .field("tls_timeout", &self.tls_timeout)
+            .field("alpn", &self.tls.alpn_protocols.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The future of [`Connector`].
+pub type ConnectFuture<T> =
+    Pin<Box<dyn Future<Output = Result<MaybeHttpsStream<T>, Error>> + Send + 'static>>;
+
+fn not_sent(mut err: Error) -> Error {
+    err.extensions_mut().insert(Sent::NotSent);
+    err
+}
+
+fn server_name(uri: &Uri) -> Result<ServerName<'static>, Error> {
+    let host = uri.host().unwrap_or_default();
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    ServerName::try_from(host.to_owned()).map_err(|e| {
+        not_sent(
+            Error::new(ErrorKind::InvalidRequest)
+                .with_detail("host is not a valid TLS server name")
+                .with_source(e),
+        )
+    })
+}
+
+impl<C> Service<Uri> for Connector<C>
+where
+    C: Service<Uri>,
+    C::Response: rt::Read + rt::Write + Connection + Send + Unpin + 'static,
+    C::Future: Send + 'static,
+    C::Error: Into<BoxError>,
+{
+    type Response = MaybeHttpsStream<C::Response>;
+    type Error = Error;
+    type Future = ConnectFuture<C::Response>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.tcp
+            .poll_ready(cx)
+            .map_err(|e| from_connect_stage(e.into(), ErrorKind::Connect, TimeoutStage::Connect))
+    }
+
+    fn call(&mut self, dst: Uri) -> Self::Future {
+        let tls = match dst.scheme_str() {
+            Some("https") => match server_name(&dst) {
+                Ok(name) => Some((name, self.tls.clone())),
+                Err(e) => return Box::pin(async move { Err(e) }),
+            },
+            Some("http") => None,
+            _ => {
+                let err = not_sent(
+                    Error::new(ErrorKind::InvalidRequest).with_detail("unsupported URL scheme"),
+                );
+                return Box::pin(async move { Err(err) });
+            }
+        };
+        let connect_timeout = self.connect_timeout;
+        let tls_timeout = self.tls_timeout;
+        let connecting = self.tcp.call(dst);
+        Box::pin(async move {
+            let tcp = match tokio::time::timeout(connect_timeout, connecting).await {
+                Err(_elapsed) => return Err(not_sent(Error::timeout(TimeoutStage::Connect))),
+                Ok(Err(e)) => {
+                    return Err(from_connect_stage(
+                        e.into(),
+                        ErrorKind::Connect,
+                        TimeoutStage::Connect,
+                    ))
+                }
+                Ok(Ok(tcp)) => tcp,
+            };
+            let Some((name, config)) = tls else {
+                return Ok(MaybeHttpsStream::Http(tcp));
+            };
+            let handshake =
+                tokio_rustls::TlsConnector::from(config).connect(name, TokioIo::new(tcp));
+            match tokio::time::timeout(tls_timeout, handshake).await {
+                Err(_elapsed) => Err(not_sent(Error::timeout(TimeoutStage::Tls))),
+                Ok(Err(e)) => Err(from_connect_stage(
+                    Box::new(e),
+                    ErrorKind::Tls,
+                    TimeoutStage::Tls,
+                )),
+                Ok(Ok(stream)) => Ok(MaybeHttpsStream::from(stream)),
+            }
+        })
+    }
+}

@@ -1,0 +1,527 @@
+//! The transport: hyper-util's pooled client over the staged [`Connector`],
+//! speaking rebound's error and body types.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), rebound_core::Error> {
+//! use rebound_core::Sent;
+//! use rebound_hyper::{Body, HyperTransport};
+//! use tower::ServiceExt;
+//!
+//! // Find a port with no listener.
+//! let port = {
+//!     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+//!     l.local_addr().unwrap().port()
+//! };
+//! let transport = HyperTransport::builder().build()?;
+//! let req = http::Request::post(format!("http://127.0.0.1:{port}/orders"))
+//!     .body(Body::from("{}"))
+//!     .unwrap();
+//! let err = transport.oneshot(req).await.unwrap_err();
+//! assert!(err.is_connect());
+//! // Nothing reached a server: safe to retry even a POST.
+//! assert_eq!(err.extensions().get::<Sent>(), Some(&Sent::NotSent));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! [`HyperTransport`] is the innermost service of the stack: it only moves
+//! bytes and reports what happened.
+//!
+//! * Connection: the [`Connector`] (connect and TLS stages with their own
+//!   timeouts), rustls on `ring`, HTTP/1.1 and HTTP/2 by ALPN, hyper-util's
+//!   connection pool.
+//! * Response: returned as soon as its head arrives, with the body wrapped in
+//!   a [`ResponseBody`] (idle and minimum-rate timeouts).
+//! * Errors: rebound [`Error`]s with their kind and an explicit
+//!   [`Sent`] answer in their extensions (see
+//!   [the crate docs](crate#errors-and-the-sent-answer)).
+//! * hyper-util re-sends by itself a request that was never written to a
+//!   *reused* pooled connection (`retry_canceled_requests`, kept on). Those
+//!   re-sends happen inside one call of this service, so the retry layer
+//!   above counts them as one attempt, never twice.
+//!
+//! # Userinfo in the URL
+//!
+//! hyper-util's pool logs the URI's authority at TRACE level, userinfo
+//! included, so the transport removes userinfo before the request reaches
+//! it. Like curl, browsers and reqwest, it turns `user:password@` into an
+//! `Authorization: Basic` header (marked sensitive), since that is what a
+//! user writing credentials in a URL expects; an `Authorization` header
+//! already on the request wins and the userinfo is dropped.
+//!
+//! # Clone
+//!
+//! Cheap: the pool, the connector and its TLS configuration are shared.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::header::AUTHORIZATION;
+use http::{HeaderValue, Request, Response, Uri};
+use hyper::body::Incoming;
+use hyper::rt;
+use hyper_util::client::legacy::connect::{Connect, Connection, HttpConnector};
+use hyper_util::client::legacy::Client as HyperClient;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use rebound_core::redact::authority_without_userinfo;
+use rebound_core::{BoxError, Error, ErrorKind, Sent};
+use rustls::ClientConfig;
+use tower_service::Service;
+
+use crate::body::Body;
+use crate::connect::{self, Connector, TlsRoots};
+use crate::error::{from_client, RequestName};
+use crate::response_body::{validate, BodyTimeouts, MinBodyRate, ResponseBody};
+
+/// Default [`TransportBuilder::pool_idle_timeout`]: 90 s.
+pub const DEFAULT_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+
+// ===== impl TransportBuilder =====
+
+/// Builds a [`HyperTransport`]. Values are checked by
+/// [`build`](Self::build).
+#[derive(Clone)]
+pub struct TransportBuilder {
+    connect_timeout: Duration,
+    tls_timeout: Duration,
+    body_idle_timeout: Option<Duration>,
+    min_body_rate: Option<MinBodyRate>,
+    roots: TlsRoots,
+    tls_config: Option<Arc<ClientConfig>>,
+    http2: bool,
+    pool_idle_timeout: Duration,
+    pool_max_idle_per_host: usize,
+}
+
+impl Default for TransportBuilder {
+    fn default() -> Self {
+        TransportBuilder {
+            connect_timeout: connect::DEFAULT_CONNECT_TIMEOUT,
+            tls_timeout: connect::DEFAULT_TLS_TIMEOUT,
+            body_idle_timeout: None,
+            min_body_rate: None,
+            roots: TlsRoots::default(),
+            tls_config: None,
+            http2: true,
+            pool_idle_timeout: DEFAULT_POOL_IDLE_TIMEOUT,
+            pool_max_idle_per_host: usize::MAX,
+        }
+    }
+}
+
+impl fmt::Debug for TransportBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TransportBuilder")
+            .field("connect_timeout", &self.connect_timeout)
+            .field("tls_timeout", &self.tls_timeout)
+            .field("body_idle_timeout", &self.body_idle_timeout)
+            .field("min_body_rate", &self.min_body_rate)
+            .field("roots", &self.roots)
+            .field("custom_tls_config", &self.tls_config.is_some())
+            .field("http2", &self.http2)
+            .field("pool_idle_timeout", &self.pool_idle_timeout)
+            .finish()
+    }
+}
+
+impl TransportBuilder {
+    /// A builder with the defaults documented on each setter.
+    pub fn new() -> Self {
+        TransportBuilder::default()
+    }
+
+    /// Time allowed to establish TCP (DNS and every resolved address).
+    /// Default: 3 s.
+    pub fn connect_timeout(mut self, d: Duration) -> Self {
+        self.connect_timeout = d;
+        self
+    }
+
+    /// Time allowed for the TLS handshake, from TCP-established. Default:
+    /// 5 s.
+    pub fn tls_timeout(mut self, d: Duration) -> Self {
+        self.tls_timeout = d;
+        self
+    }
+
+    /// Fail a response body when no frame arrives for `d` while the caller
+    /// reads it; `None` turns it off. Default: off.
+    pub fn body_idle_timeout(mut self, d: impl Into<Option<Duration>>) -> Self {
+        self.body_idle_timeout = d.into();
+        self
+    }
+
+    /// Fail a response body slower than `rate` (see [`MinBodyRate`]);
+    /// `None` turns it off. Default: off.
+    pub fn min_body_rate(mut self, rate: impl Into<Option<MinBodyRate>>) -> Self {
+        self.min_body_rate = rate.into();
+        self
+    }
+
+    /// Which root certificates to trust. Default: [`TlsRoots::Webpki`].
+    pub fn tls_roots(mut self, roots: TlsRoots) -> Self {
+        self.roots = roots;
+        self
+    }
+
+    /// Use this rustls configuration instead of one built from
+    /// [`tls_roots`](Self::tls_roots). If it offers no ALPN protocol, `h2`
+    /// (when enabled) and `http/1.1` are set. Default: none.
+    pub fn tls_config(mut self, config: Arc<ClientConfig>) -> Self {
+        self.tls_config = Some(config);
+        self
+    }
+
+    /// Offer HTTP/2 by ALPN on TLS connections. Default: `true`.
+    pub fn http2(mut self, enabled: bool) -> Self {
+        self.http2 = enabled;
+        self
+    }
+
+    /// How long an idle pooled connection is kept. Default: 90 s.
+    pub fn pool_idle_timeout(mut self, d: Duration) -> Self {
+        self.pool_idle_timeout = d;
+        self
+    }
+
+    /// The most idle connections kept per host. Default: no limit.
+    pub fn pool_max_idle_per_host(mut self, n: usize) -> Self {
+        self.pool_max_idle_per_host = n;
+        self
+    }
+
+    /// The configured connect timeout.
+    pub fn get_connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    /// The configured TLS timeout.
+    pub fn get_tls_timeout(&self) -> Duration {
+        self.tls_timeout
+    }
+
+    /// Build the transport over hyper-util's `HttpConnector`.
+    ///
+    /// # Errors
+    ///
+    /// A [configuration error](Error::is_config) naming the value that
+    /// cannot work (a zero or over-a-day timeout, no root certificates).
+    pub fn build(self) -> Result<HyperTransport, Error> {
+        let connect_timeout = validate("connect timeout", self.connect_timeout)?;
+        let mut tcp = HttpConnector::new();
+        tcp.enforce_http(false);
+        tcp.set_nodelay(true);
+        tcp.set_connect_timeout(Some(connect_timeout));
+        self.build_with_tcp(tcp)
+    }
+
+    /// Build the transport over the TCP connector `tcp` (e.g. one that goes
+    /// through a proxy, or, in tests, one that delays).
+    ///
+    /// # Errors
+    ///
+    /// As [`build`](Self::build).
+    pub fn build_with_tcp<C>(self, tcp: C) -> Result<HyperTransport<C>, Error>
+    where
+        C: Service<Uri> + Clone + Send + Sync + 'static,
+        C::Response: rt::Read + rt::Write + Connection + Send + Unpin + 'static,
+        C::Future: Send + 'static,
+        C::Error: Into<BoxError>,
+    {
+        let pool_idle_timeout = validate("pool idle timeout", self.pool_idle_timeout)?;
+        let mut body = BodyTimeouts::new();
+        if let Some(idle) = self.body_idle_timeout {
+            body = body.idle(idle)?;
+        }
+        if let Some(rate) = self.min_body_rate {
+            body = body.min_rate(rate);
+        }
+        let tls = match self.tls_config {
+            Some(config) if config.alpn_protocols.is_empty() => {
+                let mut config = (*config).clone();
+                config.alpn_protocols = connect::alpn(self.http2);
+                Arc::new(config)
+            }
+            Some(config) => config,
+            None => connect::tls_config(&self.roots, self.http2)?,
+        };
+        let connector = Connector::new(tcp, tls)
+            .connect_timeout(self.connect_timeout)?
+            .tls_timeout(self.tls_timeout)?;
+        let client = HyperClient::builder(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(pool_idle_timeout)
+            .pool_max_idle_per_host(self.pool_max_idle_per_host)
+            .retry_canceled_requests(true)
+            .build(connector);
+        Ok(HyperTransport { client, body })
+    }
+}
+
+// ===== impl HyperTransport =====
+
+/// hyper-util's client as a rebound transport; see the
+/// [module docs](self).
+pub struct HyperTransport<C = HttpConnector> {
+    client: HyperClient<Connector<C>, Body>,
+    body: BodyTimeouts,
+}
+
+impl HyperTransport {
+    /// A [`TransportBuilder`] with the defaults.
+    pub fn builder() -> TransportBuilder {
+        TransportBuilder::new()
+    }
+}
+
+impl<C> HyperTransport<C> {
+    /// The timeouts applied to response bodies.
+    pub fn body_timeouts(&self) -> BodyTimeouts {
+        self.body
+    }
+}
+
+impl<C: Clone> Clone for HyperTransport<C> {
+    fn clone(&self) -> Self {
+        HyperTransport {
+            client: self.client.clone(),
+            body: self.body,
+        }
+    }
+}
+
+impl<C> fmt::Debug for HyperTransport<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HyperTransport")
+            .field("body", &self.body)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C, B> Service<Request<B>> for HyperTransport<C>
+where
+    Connector<C>: Connect + Clone + Send + Sync + 'static,
+    B: Into<Body>,
+{
+    type Response = Response<ResponseBody<Incoming>>;
+    type Error = Error;
+    type Future = ResponseFuture;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // hyper-util's client is always ready (it applies no backpressure).
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let request = RequestName::of(&req);
+        let req = match prepare(req.map(Into::into)) {
+            Ok(req) => req,
+            Err(e) => {
+                return ResponseFuture {
+                    state: State::Failed(Some(request.name(e))),
+                    request: None,
+                    body: self.body,
+                }
+            }
+        };
+        ResponseFuture {
+            state: State::Sending(self.client.request(req)),
+            request: Some(request),
+            body: self.body,
+        }
+    }
+}
+
+/// Check the URI and move userinfo into an `Authorization` header.
+fn prepare(mut req: Request<Body>) -> Result<Request<Body>, Error> {
+    let uri = req.uri();
+    if uri.scheme().is_none() || uri.authority().is_none() {
+        let mut e = Error::new(ErrorKind::InvalidRequest).with_detail("the URL must be absolute");
+        e.extensions_mut().insert(Sent::NotSent);
+        return Err(e);
+    }
+    let authority = uri.authority().expect("checked above").as_str();
+    let Some(at) = authority.rfind('@') else {
+        return Ok(req);
+    };
+    let userinfo = &authority[..at];
+    if !req.headers().contains_key(AUTHORIZATION) {
+        let (user, password) = match userinfo.split_once(':') {
+            Some((u, p)) => (u, p),
+            None => (userinfo, ""),
+        };
+        let mut credentials = percent_decode(user);
+        credentials.push(b':');
+        credentials.extend_from_slice(&percent_decode(password));
+        let mut value = b"Basic ".to_vec();
+        value.extend_from_slice(base64(&credentials).as_bytes());
+        let mut value = HeaderValue::from_bytes(&value).expect("base64 is a valid header value");
+        value.set_sensitive(true);
+        req.headers_mut().insert(AUTHORIZATION, value);
+    }
+    let mut parts = req.uri().clone().into_parts();
+    parts.authority = authority_without_userinfo(req.uri());
+    *req.uri_mut() = Uri::from_parts(parts).map_err(|e| {
+        let mut err = Error::new(ErrorKind::InvalidRequest)
+            .with_detail("invalid URL")
+            .with_source(e);
+        err.extensions_mut().insert(Sent::NotSent);
+        err
+    })?;
+    Ok(req)
+}
+
+fn percent_decode(s: &str) -> Vec<u8> {
+    fn hex(b: u8) -> Option<u8> {
+        match b {
+            b'0'..=b'9' => Some(b - b'0'),
+            b'a'..=b'f' => Some(b - b'a' + 10),
+            b'A'..=b'F' => Some(b - b'A' + 10),
+            _ => None,
+        }
+    }
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            if let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                out.push(h << 4 | l);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    out
+}
+
+fn base64(input: &[u8]) -> String {
+    const TABLE: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(input.len().div_ceil(3) * 4);
+    for chunk in input.chunks(3) {
+        let b = [
+            chunk[0],
+            chunk.get(1).copied().unwrap_or(0),
+            chunk.get(2).copied().unwrap_or(0),
+        ];
+        let n = u32::from(b[0]) << 16 | u32::from(b[1]) << 8 | u32::from(b[2]);
+        for (i, shift) in [18u32, 12, 6, 0].into_iter().enumerate() {
+            if i <= chunk.len() {
+                out.push(TABLE[(n >> shift & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+// ===== impl ResponseFuture =====
+
+enum State {
+    Sending(hyper_util::client::legacy::ResponseFuture),
+    Failed(Option<Error>),
+}
+
+/// The response future of [`HyperTransport`].
+#[must_use = "futures do nothing unless polled"]
+pub struct ResponseFuture {
+    state: State,
+    request: Option<RequestName>,
+    body: BodyTimeouts,
+}
+
+impl fmt::Debug for ResponseFuture {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("transport::ResponseFuture")
+            .field("request", &self.request)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Future for ResponseFuture {
+    type Output = Result<Response<ResponseBody<Incoming>>, Error>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        match &mut this.state {
+            State::Failed(err) => Poll::Ready(Err(err.take().expect("polled after completion"))),
+            State::Sending(fut) => {
+                let result = std::task::ready!(Pin::new(fut).poll(cx));
+                let request = this.request.take().expect("polled after completion");
+                Poll::Ready(match result {
+                    Ok(res) => {
+                        let timeouts = this.body;
+                        Ok(res.map(|b| ResponseBody::new(b, timeouts).named(request)))
+                    }
+                    Err(e) => Err(request.name(from_client(e))),
+                })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_matches_rfc4648() {
+        for (i, o) in [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("foob", "Zm9vYg=="),
+            ("fooba", "Zm9vYmE="),
+            ("foobar", "Zm9vYmFy"),
+        ] {
+            assert_eq!(base64(i.as_bytes()), o);
+        }
+    }
+
+    #[test]
+    fn userinfo_becomes_a_sensitive_basic_header() {
+        let req = Request::get("http://Al%40ice:p%3Ass@h.example:8080/x?q=1")
+            .body(Body::empty())
+            .unwrap();
+        let req = prepare(req).unwrap();
+        assert_eq!(req.uri().to_string(), "http://h.example:8080/x?q=1");
+        let auth = req.headers().get(AUTHORIZATION).unwrap();
+        assert!(auth.is_sensitive());
+        // "Al@ice:p:ss"
+        assert_eq!(auth, &format!("Basic {}", base64(b"Al@ice:p:ss")));
+    }
+
+    #[test]
+    fn an_explicit_authorization_header_wins() {
+        let req = Request::get("http://u:p@h.example/")
+            .header(AUTHORIZATION, "Bearer t")
+            .body(Body::empty())
+            .unwrap();
+        let req = prepare(req).unwrap();
+        assert_eq!(req.uri().to_string(), "http://h.example/");
+        assert_eq!(req.headers().get(AUTHORIZATION).unwrap(), "Bearer t");
+    }
+
+    #[test]
+    fn relative_urls_are_rejected_as_not_sent() {
+        let req = Request::get("/only/path").body(Body::empty()).unwrap();
+        let err = prepare(req).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidRequest);
+        assert_eq!(err.extensions().get::<Sent>(), Some(&Sent::NotSent));
+    }
+
+    #[test]
+    fn percent_decoding() {
+        assert_eq!(percent_decode("a%20b%zz%4"), b"a b%zz%4");
+    }
+}
