@@ -267,6 +267,25 @@ async fn post_with_idempotency_key_is_retried_with_the_same_key() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn post_with_an_empty_idempotency_key_is_not_retried() {
+    // The idempotency-key layer treats an empty value as "no key"; so must
+    // the retry layer, or a POST the server cannot deduplicate is re-sent.
+    let mock = MockService::new()
+        .respond(Reply::code(503))
+        .otherwise(Reply::code(200));
+    let mut r = req(Method::POST);
+    r.headers_mut()
+        .insert("idempotency-key", http::HeaderValue::from_static(""));
+    let res = stack(&mock).oneshot(r).await.unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        res.extensions().get::<RetryStop>(),
+        Some(&RetryStop::NotEligible)
+    );
+    assert_eq!(mock.call_count(), 1);
+}
+
+#[tokio::test(start_paused = true)]
 async fn post_with_idempotency_key_annotation_is_retried() {
     let mock = MockService::new()
         .respond(Reply::code(502))
