@@ -353,7 +353,7 @@ async fn post_without_key_gets_one_and_keeps_it_on_every_attempt() {
         .iter()
         .map(|c| c.headers.get("idempotency-key").cloned().expect("a key"))
         .collect();
-    assert!(keys.iter().all(|k| k == &keys[0]), "same key: {keys:?}");
+    assert!(keys.iter().all(|k| *k == keys[0]), "same key: {keys:?}");
     let key = uuid::Uuid::parse_str(keys[0].to_str().unwrap()).unwrap();
     assert_eq!(key.get_version_num(), 4);
     assert!(calls
