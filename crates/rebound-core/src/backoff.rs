@@ -296,7 +296,11 @@ impl Backoff {
                 let cap = self.cap.as_secs_f64();
                 let low = (c * (1.0 - r)).min(cap);
                 let high = (c * (1.0 + r)).min(cap);
-                (Duration::from_secs_f64(low), Duration::from_secs_f64(high))
+                // A cap near `Duration::MAX` rounds up to 2^64 s as an f64,
+                // which `from_secs_f64` would panic on: saturate at the cap.
+                let secs =
+                    |s: f64| Duration::try_from_secs_f64(s).map_or(self.cap, |d| d.min(self.cap));
+                (secs(low), secs(high))
             }
         }
     }
@@ -662,6 +666,18 @@ mod tests {
         }
         let weird = Backoff::exponential(ms(100), ms(10));
         let _ = weird.delay(3, None);
+        // Nor does a cap near `Duration::MAX` (2^64 s as an f64).
+        for j in [
+            Jitter::Full,
+            Jitter::Equal,
+            Jitter::Decorrelated,
+            Jitter::Proportional(0.2),
+        ] {
+            let huge = Backoff::exponential(ms(10), Duration::MAX).jitter(j);
+            for attempt in [1, 2, 70, 1000, u32::MAX] {
+                let _ = huge.delay(attempt, Some(Duration::MAX));
+            }
+        }
     }
 
     fn verdict() -> Verdict {

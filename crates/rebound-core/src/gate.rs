@@ -102,7 +102,7 @@ use tokio::time::{Instant, Sleep};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::annotations::{Deadline, Reason, RetryAfterHint, Verdict};
+use crate::annotations::{Deadline, GateWait, Reason, RetryAfterHint, Verdict};
 use crate::error::{BoxError, Error, ErrorKind};
 use crate::redact::effective_port;
 
@@ -400,6 +400,7 @@ where
             let now = Instant::now();
             self.table.check(key, now).map(|until| (until, now))
         };
+        let held_since = closed.map(|(_, now)| now);
         let state = match closed {
             None => State::Called {
                 fut: self.inner.call(req),
@@ -433,6 +434,7 @@ where
             state,
             key,
             table: self.table.clone(),
+            held_since,
         }
     }
 }
@@ -452,6 +454,9 @@ pin_project! {
         state: State<S, R>,
         key: u64,
         table: Arc<GateTable>,
+        // When a closed gate started holding this request (off the happy
+        // path only): the outcome then carries a `GateWait`.
+        held_since: Option<Instant>,
     }
 }
 
@@ -531,7 +536,17 @@ where
                     self.as_mut().project().state.set(State::Called { fut });
                 }
                 StateProj::Called { fut } => {
-                    let res = ready!(fut.poll(cx)).map_err(|e| Error::from_boxed(e.into()))?;
+                    let mut out = ready!(fut.poll(cx)).map_err(|e| Error::from_boxed(e.into()));
+                    if let Some(since) = *this.held_since {
+                        // For the trace layers and metrics: how long the
+                        // gate held this request.
+                        let wait = GateWait(since.elapsed());
+                        match &mut out {
+                            Ok(res) => res.extensions_mut().insert(wait),
+                            Err(err) => err.extensions_mut().insert(wait),
+                        };
+                    }
+                    let res = out?;
                     if matches!(
                         res.status(),
                         StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE

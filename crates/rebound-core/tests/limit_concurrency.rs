@@ -11,7 +11,7 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body::{Body, Frame};
 use http_body_util::{BodyExt, Empty, Full};
-use rebound_core::annotations::{Deadline, Verdict};
+use rebound_core::annotations::{Deadline, LimiterState, Verdict};
 use rebound_core::limit::{ConcurrencyLimitLayer, ConcurrencyLimiter};
 use rebound_core::{Error, ErrorKind, TimeoutStage};
 use tokio::sync::mpsc;
@@ -116,6 +116,7 @@ async fn permit_held_until_body_is_read_to_the_end() {
     let (calls, limiter, svc) = limited(ConcurrencyLimiter::new(1).unwrap());
     let first = svc.clone().oneshot(req("/first")).await.unwrap();
     assert!(first.body().holds_permit());
+    assert!(first.extensions().get::<LimiterState>().is_none());
 
     let mut second = task::spawn(svc.clone().oneshot(req("/second")));
     assert_pending!(second.poll());
@@ -127,8 +128,16 @@ async fn permit_held_until_body_is_read_to_the_end() {
     let body = first.into_body().collect().await.unwrap().to_bytes();
     assert_eq!(body, "body");
     assert!(second.is_woken());
-    assert_ready!(second.poll()).unwrap();
+    let second = assert_ready!(second.poll()).unwrap();
     assert_eq!(calls.lock().unwrap().len(), 2);
+    // A request that had to queue shows the limiter's state (for the
+    // request span's `rebound.limiter`); the first, which did not, shows
+    // nothing (no insert on the happy path).
+    let state = second.extensions().get::<LimiterState>().copied();
+    assert_eq!(
+        state.map(|s| (s.limiter, s.limit, s.in_flight, s.queued)),
+        Some(("concurrency", 1, 1, 0))
+    );
 }
 
 #[tokio::test(start_paused = true)]

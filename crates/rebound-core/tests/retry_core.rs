@@ -267,6 +267,25 @@ async fn post_with_idempotency_key_is_retried_with_the_same_key() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn post_with_an_empty_idempotency_key_is_not_retried() {
+    // The idempotency-key layer treats an empty value as "no key"; so must
+    // the retry layer, or a POST the server cannot deduplicate is re-sent.
+    let mock = MockService::new()
+        .respond(Reply::code(503))
+        .otherwise(Reply::code(200));
+    let mut r = req(Method::POST);
+    r.headers_mut()
+        .insert("idempotency-key", http::HeaderValue::from_static(""));
+    let res = stack(&mock).oneshot(r).await.unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        res.extensions().get::<RetryStop>(),
+        Some(&RetryStop::NotEligible)
+    );
+    assert_eq!(mock.call_count(), 1);
+}
+
+#[tokio::test(start_paused = true)]
 async fn post_with_idempotency_key_annotation_is_retried() {
     let mock = MockService::new()
         .respond(Reply::code(502))
@@ -367,6 +386,51 @@ async fn a_body_that_cannot_be_replayed_is_sent_once() {
     assert_eq!(v.reason().unwrap().as_str(), "body not replayable");
     assert_eq!(mock.call_count(), 1);
     assert_eq!(mock.calls()[0].body.as_deref(), Some(&b"stream"[..]));
+}
+
+/// A request body that gives one copy (for the first attempt), then no more:
+/// like a streamed body that passed its replay cap during the first attempt.
+struct OneCopy(Option<Bytes>, bool);
+
+impl Body for OneCopy {
+    type Data = Bytes;
+    type Error = io::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
+        Poll::Ready(self.0.take().map(|b| Ok(Frame::data(b))))
+    }
+}
+
+impl ReplayableBody for OneCopy {
+    fn try_replay(&self) -> Option<Self> {
+        // The original may be copied once; copies cannot be.
+        self.1.then(|| OneCopy(self.0.clone(), false))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_refused_for_the_body_costs_no_budget() {
+    let mock = MockService::new()
+        .respond(Reply::code(503))
+        .otherwise(Reply::code(200));
+    // No ratio, a floor of 1/s over 10 s: 10 retries in the window.
+    let budget = Arc::new(RetryBudget::new(0.0, Duration::from_secs(10), 1).unwrap());
+    let policy = RetryPolicy::default().budget(budget.clone());
+    let r = Request::get("http://test.example/")
+        .body(OneCopy(Some(Bytes::from_static(b"stream")), true))
+        .unwrap();
+    assert_eq!(budget.remaining(), 10);
+    let res = stack_with(mock.clone(), policy).oneshot(r).await.unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        res.extensions().get::<RetryStop>(),
+        Some(&RetryStop::NotReplayable)
+    );
+    assert_eq!(mock.call_count(), 1);
+    assert_eq!(budget.remaining(), 10, "no retry was sent, none is charged");
 }
 
 /// A response body that records how much of it was read, when, and when it

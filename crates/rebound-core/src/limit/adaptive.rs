@@ -102,7 +102,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use super::{wait_permit, WaitPermit};
-use crate::annotations::{Deadline, Reason, Verdict};
+use crate::annotations::{Deadline, LimiterState, Reason, Verdict};
 use crate::error::{BoxError, Error, ErrorKind, TimeoutStage};
 
 // === impl Aimd ===
@@ -273,6 +273,26 @@ impl AdaptiveLimiter {
     /// Attempts waiting for a slot right now.
     pub fn queued(&self) -> usize {
         self.queued.load(Ordering::Acquire)
+    }
+
+    /// The state as a [`LimiterState`] annotation.
+    fn state(&self) -> LimiterState {
+        let clamp = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        LimiterState {
+            limiter: "adaptive",
+            limit: clamp(self.current_limit()),
+            in_flight: clamp(self.in_flight()),
+            queued: clamp(self.queued()),
+        }
+    }
+
+    /// `state` (taken while this attempt held its slot, so it counts in
+    /// `in_flight`) with the limit as it is now, after the outcome.
+    fn after(&self, state: LimiterState) -> LimiterState {
+        LimiterState {
+            limit: u32::try_from(self.current_limit()).unwrap_or(u32::MAX),
+            ..state
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, LimitState> {
@@ -514,6 +534,7 @@ where
             Ok(permit) => State::Called {
                 fut: self.inner.call(req),
                 slot: Some(Slot::new(permit, &self.limiter)),
+                queued: false,
             },
             Err(_) => {
                 let clone = self.inner.clone();
@@ -584,6 +605,8 @@ pin_project! {
             #[pin]
             fut: S::Future,
             slot: Option<Slot>,
+            // Whether this attempt waited in the queue.
+            queued: bool,
         },
         Done,
     }
@@ -641,19 +664,33 @@ where
                     self.as_mut().project().state.set(State::Called {
                         fut,
                         slot: Some(slot),
+                        queued: true,
                     });
                 }
-                StateProj::Called { fut, slot } => {
+                StateProj::Called { fut, slot, queued } => {
                     let result = ready!(fut.poll(cx));
                     let slot = slot.take().expect("polled after completion");
+                    // Off the happy path only (queued, or an overload that
+                    // moved the limit): the outcome shows the limiter state.
+                    let show = |outcome: Outcome| *queued || outcome == Outcome::Overload;
                     return Poll::Ready(match result {
-                        Ok(res) => {
-                            slot.finish(outcome_of_response(&res));
+                        Ok(mut res) => {
+                            let outcome = outcome_of_response(&res);
+                            let before = show(outcome).then(|| this.limiter.state());
+                            slot.finish(outcome);
+                            if let Some(state) = before {
+                                res.extensions_mut().insert(this.limiter.after(state));
+                            }
                             Ok(res)
                         }
                         Err(e) => {
-                            let err = Error::from_boxed(e.into());
-                            slot.finish(outcome_of_error(&err));
+                            let mut err = Error::from_boxed(e.into());
+                            let outcome = outcome_of_error(&err);
+                            let before = show(outcome).then(|| this.limiter.state());
+                            slot.finish(outcome);
+                            if let Some(state) = before {
+                                err.extensions_mut().insert(this.limiter.after(state));
+                            }
                             Err(err)
                         }
                     });

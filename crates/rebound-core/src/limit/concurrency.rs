@@ -86,7 +86,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use super::{wait_permit, WaitPermit};
-use crate::annotations::{Deadline, Reason, Verdict};
+use crate::annotations::{Deadline, LimiterState, Reason, Verdict};
 use crate::error::{BoxError, Error, ErrorKind, TimeoutStage};
 
 // === impl ConcurrencyLimiter ===
@@ -163,6 +163,17 @@ impl ConcurrencyLimiter {
     /// Requests waiting for a permit right now.
     pub fn queued(&self) -> usize {
         self.queued.load(Ordering::Acquire)
+    }
+
+    /// The state as a [`LimiterState`] annotation.
+    fn state(&self) -> LimiterState {
+        let clamp = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        LimiterState {
+            limiter: "concurrency",
+            limit: clamp(self.max),
+            in_flight: clamp(self.in_flight()),
+            queued: clamp(self.queued()),
+        }
     }
 
     /// Take a place in the queue, unless it is full.
@@ -314,6 +325,7 @@ where
             Ok(permit) => State::Called {
                 fut: self.inner.call(req),
                 permit: Some(permit),
+                observed: None,
             },
             Err(TryAcquireError::NoPermits) => match self.limiter.enter_queue() {
                 Some(slot) => {
@@ -395,6 +407,7 @@ pin_project! {
             #[pin]
             fut: S::Future,
             permit: Option<OwnedSemaphorePermit>,
+            observed: Option<LimiterState>,
         },
         Failed {
             error: Option<Error>,
@@ -437,7 +450,7 @@ where
                 } => {
                     let permit = ready!(wait.as_mut().poll(cx));
                     // Out of the queue either way.
-                    drop(slot.take());
+                    let slot_limiter = slot.take().map(|s| s.0.clone());
                     let req = req.take().expect("polled after completion");
                     let Some(permit) = permit else {
                         let error = deadline_while_queued(&req);
@@ -449,18 +462,35 @@ where
                     };
                     let mut svc = svc.take().expect("polled after completion");
                     let fut = svc.call(req);
+                    // Off the happy path only (this request had to queue):
+                    // the outcome shows the limiter's state.
+                    let observed = slot_limiter.map(|l| l.state());
                     self.as_mut().project().state.set(State::Called {
                         fut,
                         permit: Some(permit),
+                        observed,
                     });
                 }
-                StateProj::Called { fut, permit } => {
+                StateProj::Called {
+                    fut,
+                    permit,
+                    observed,
+                } => {
                     return Poll::Ready(match ready!(fut.poll(cx)) {
-                        Ok(res) => Ok(res.map(|body| LimitBody::new(body, permit.take()))),
+                        Ok(mut res) => {
+                            if let Some(state) = observed.take() {
+                                res.extensions_mut().insert(state);
+                            }
+                            Ok(res.map(|body| LimitBody::new(body, permit.take())))
+                        }
                         Err(e) => {
                             // An error outcome gives the permit back at once.
                             drop(permit.take());
-                            Err(Error::from_boxed(e.into()))
+                            let mut err = Error::from_boxed(e.into());
+                            if let Some(state) = observed.take() {
+                                err.extensions_mut().insert(state);
+                            }
+                            Err(err)
                         }
                     });
                 }

@@ -219,15 +219,20 @@ where
         if !fits {
             return Decision::Return(self.finish(outcome, Some(RetryStop::Deadline)));
         }
+        // The body copy before the budget: a retry that cannot be sent (the
+        // body passed its replay cap) must not cost a retry token.
+        let Some(body) = self.replay_body() else {
+            ext.insert(Verdict::Fatal {
+                reason: Reason::new_static("body not replayable"),
+            });
+            return Decision::Return(self.finish(outcome, Some(RetryStop::NotReplayable)));
+        };
         if !self.policy.budget.try_withdraw() {
             return Decision::Return(self.finish(outcome, Some(RetryStop::Budget)));
         }
         let verdict = Verdict::of(ext).into_owned();
-        let Some(next) = self.next_request(n, verdict.clone(), hint, proposed) else {
-            let ext = extensions_mut(&mut outcome);
-            ext.insert(Verdict::Fatal {
-                reason: Reason::new_static("body not replayable"),
-            });
+        let Some(next) = self.next_request(n, verdict.clone(), hint, proposed, body) else {
+            // Unreachable: `replay_body` answered, so there is a template.
             return Decision::Return(self.finish(outcome, Some(RetryStop::NotReplayable)));
         };
         tracing::debug!(
@@ -252,17 +257,23 @@ where
         }
     }
 
-    /// The request for attempt `n + 1`: a fresh copy of the body, the
-    /// template head, `Attempt` and `PreviousAttempt`.
+    /// A fresh copy of the body for the next attempt, if it can be sent
+    /// again.
+    fn replay_body(&self) -> Option<B> {
+        self.template.as_ref()?.1.try_replay()
+    }
+
+    /// The request for attempt `n + 1`: `body` (a fresh copy), the template
+    /// head, `Attempt` and `PreviousAttempt`.
     fn next_request(
         &self,
         n: u32,
         verdict: Verdict,
         retry_after: Option<Duration>,
         delay: ProposedDelay,
+        body: B,
     ) -> Option<Request<B>> {
-        let (parts, body) = self.template.as_ref()?;
-        let body = body.try_replay()?;
+        let (parts, _) = self.template.as_ref()?;
         let mut req = Request::from_parts(parts.clone(), body);
         let ext = req.extensions_mut();
         ext.insert(Attempt(n + 1));

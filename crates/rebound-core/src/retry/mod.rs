@@ -270,9 +270,17 @@ where
         let mut svc = mem::replace(&mut self.inner, clone);
 
         let (parts, body) = req.into_parts();
+        // An empty key is no key (as for the idempotency-key layer): the
+        // server cannot recognise a repeat by it.
         let idempotent = self.policy.is_eligible_method(&parts.method)
-            || parts.extensions.get::<IdempotencyKey>().is_some()
-            || parts.headers.contains_key(IDEMPOTENCY_KEY);
+            || parts
+                .extensions
+                .get::<IdempotencyKey>()
+                .is_some_and(|k| !k.0.is_empty())
+            || parts
+                .headers
+                .get(IDEMPOTENCY_KEY)
+                .is_some_and(|v| !v.is_empty());
         let deadline = Deadline::of(&parts.extensions);
         let max_attempts = self.policy.max_attempts;
         let (template, replayable) = if max_attempts <= 1 {
