@@ -5,10 +5,14 @@
 //! Retry-After, Idempotency-Key injection, concurrency limits that adapt to
 //! overload, cancellation that really cancels, tracing that never leaks a
 //! secret — that stack on any tower service over `http` types, plus a
-//! ready-made client on hyper-util with rustls.
+//! ready-made [`Client`] on hyper-util with rustls.
 //!
-//! This facade re-exports everything of `rebound-core` (the layers) and
-//! `rebound-hyper` (the transport and the ready-made client) at one root.
+//! This facade re-exports everything of `rebound-core` (the layers and their
+//! vocabulary) and the client and transport of `rebound-hyper` at one root.
 
 pub use rebound_core::*;
 pub use rebound_hyper;
+pub use rebound_hyper::{
+    Body, BodyTimeouts, Client, ClientBody, ClientBuilder, HyperTransport, MinBodyRate,
+    ResponseBody, TlsRoots, TransportBuilder,
+};

@@ -46,7 +46,7 @@ pub mod response_body;
 pub mod transport;
 
 pub use crate::body::Body;
-pub use crate::client::{Client, ClientBody, ClientBuilder};
+pub use crate::client::{Client, ClientBody, ClientBuilder, ResponseFuture, SendFuture};
 pub use crate::connect::{Connector, TlsRoots};
 pub use crate::response_body::{BodyTimeouts, MinBodyRate, ResponseBody};
 pub use crate::transport::{HyperTransport, TransportBuilder};
