@@ -239,6 +239,11 @@ async fn get_503_503_200_backoff_delays_are_honoured() {
 
 #[tokio::test(start_paused = true)]
 async fn get_503_x3_returns_the_last_503_with_its_body() {
+    // Every test here runs under a capture: tracing caches whether a
+    // callsite is enabled process-wide, and a callsite first hit on a
+    // thread with no subscriber could be cached as disabled for the test
+    // that asserts on spans. Captures are serialized (see `Capture`).
+    let _capture = Capture::new().set_default();
     let parts = Parts::new();
     let mock = MockService::new().otherwise(Reply::code(503).body("still busy"));
     let mut svc = stack(&parts, &mock);
@@ -267,6 +272,11 @@ async fn get_503_x3_returns_the_last_503_with_its_body() {
 
 #[tokio::test(start_paused = true)]
 async fn retry_after_is_honoured_and_the_gate_holds_a_new_request() {
+    // Every test here runs under a capture: tracing caches whether a
+    // callsite is enabled process-wide, and a callsite first hit on a
+    // thread with no subscriber could be cached as disabled for the test
+    // that asserts on spans. Captures are serialized (see `Capture`).
+    let _capture = Capture::new().set_default();
     let tasks = alive_tasks();
     let parts = Parts::new();
     let mock = MockService::new()
@@ -336,6 +346,11 @@ async fn retry_after_is_honoured_and_the_gate_holds_a_new_request() {
 
 #[tokio::test(start_paused = true)]
 async fn post_without_key_gets_one_and_keeps_it_on_every_attempt() {
+    // Every test here runs under a capture: tracing caches whether a
+    // callsite is enabled process-wide, and a callsite first hit on a
+    // thread with no subscriber could be cached as disabled for the test
+    // that asserts on spans. Captures are serialized (see `Capture`).
+    let _capture = Capture::new().set_default();
     let parts = Parts::new();
     let mock = MockService::new()
         .respond_times(2, Reply::code(503))
@@ -406,6 +421,11 @@ impl Body for Chunks {
 
 #[tokio::test(start_paused = true)]
 async fn streamed_post_under_the_cap_is_replayed_byte_identical() {
+    // Every test here runs under a capture: tracing caches whether a
+    // callsite is enabled process-wide, and a callsite first hit on a
+    // thread with no subscriber could be cached as disabled for the test
+    // that asserts on spans. Captures are serialized (see `Capture`).
+    let _capture = Capture::new().set_default();
     let parts = Parts::new();
     let mock = MockService::new()
         .respond(Reply::code(503))
@@ -435,6 +455,11 @@ async fn streamed_post_under_the_cap_is_replayed_byte_identical() {
 
 #[tokio::test(start_paused = true)]
 async fn streamed_post_over_the_cap_is_sent_once() {
+    // Every test here runs under a capture: tracing caches whether a
+    // callsite is enabled process-wide, and a callsite first hit on a
+    // thread with no subscriber could be cached as disabled for the test
+    // that asserts on spans. Captures are serialized (see `Capture`).
+    let _capture = Capture::new().set_default();
     let parts = Parts::new();
     let mock = MockService::new()
         .respond(Reply::code(503).body("busy"))
@@ -474,6 +499,11 @@ async fn streamed_post_over_the_cap_is_sent_once() {
 
 #[tokio::test(start_paused = true)]
 async fn dropping_during_the_backoff_sleep_releases_everything() {
+    // Every test here runs under a capture: tracing caches whether a
+    // callsite is enabled process-wide, and a callsite first hit on a
+    // thread with no subscriber could be cached as disabled for the test
+    // that asserts on spans. Captures are serialized (see `Capture`).
+    let _capture = Capture::new().set_default();
     let tasks = alive_tasks();
     let parts = Parts::new();
     let mock = MockService::new()
@@ -493,6 +523,11 @@ async fn dropping_during_the_backoff_sleep_releases_everything() {
 
 #[tokio::test(start_paused = true)]
 async fn errors_compose_through_the_stack() {
+    // Every test here runs under a capture: tracing caches whether a
+    // callsite is enabled process-wide, and a callsite first hit on a
+    // thread with no subscriber could be cached as disabled for the test
+    // that asserts on spans. Captures are serialized (see `Capture`).
+    let _capture = Capture::new().set_default();
     let parts = Parts::new();
     let mock = MockService::new().otherwise_fail(|| {
         Box::new(std::io::Error::from(std::io::ErrorKind::ConnectionRefused)) as BoxError

@@ -135,20 +135,35 @@ impl Capture {
 
     /// Install a subscriber with only this layer, at TRACE, as the default
     /// for the current thread until the guard is dropped.
-    pub fn set_default(&self) -> tracing::subscriber::DefaultGuard {
+    ///
+    /// Captures in one process are serialized: the guard also holds a
+    /// process-wide lock, so that two tests capturing at once on different
+    /// threads cannot disturb each other's callsite interest (tracing caches
+    /// whether a callsite is enabled across all live subscribers, and a
+    /// subscriber filtered at INFO on one thread could otherwise hide DEBUG
+    /// spans from a capture on another).
+    pub fn set_default(&self) -> CaptureGuard {
+        let serial = serial_lock();
         let subscriber = tracing_subscriber::registry().with(self.clone());
-        tracing::subscriber::set_default(subscriber)
+        CaptureGuard {
+            _default: tracing::subscriber::set_default(subscriber),
+            _serial: serial,
+        }
     }
 
     /// Like [`set_default`](Self::set_default), but only spans and events at
     /// `max` or more severe are enabled, as with a subscriber filtered at
     /// that level (`Level::INFO`: INFO, WARN, ERROR; DEBUG spans are then
     /// disabled).
-    pub fn set_default_at(&self, max: Level) -> tracing::subscriber::DefaultGuard {
+    pub fn set_default_at(&self, max: Level) -> CaptureGuard {
+        let serial = serial_lock();
         let subscriber = tracing_subscriber::registry()
             .with(LevelFilter::from_level(max))
             .with(self.clone());
-        tracing::subscriber::set_default(subscriber)
+        CaptureGuard {
+            _default: tracing::subscriber::set_default(subscriber),
+            _serial: serial,
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Store> {
@@ -414,4 +429,26 @@ mod tests {
         }
         assert_eq!(capture.count("inner-detail"), 2, "{}", capture.text());
     }
+}
+
+/// Keeps a [`Capture`] installed as the thread's default subscriber; see
+/// [`Capture::set_default`]. Dropping it uninstalls the capture and lets the
+/// next capture in this process start.
+#[must_use = "the capture is uninstalled when the guard is dropped"]
+pub struct CaptureGuard {
+    // Field order matters: the subscriber goes before the lock is released.
+    _default: tracing::subscriber::DefaultGuard,
+    _serial: MutexGuard<'static, ()>,
+}
+
+impl std::fmt::Debug for CaptureGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CaptureGuard").finish_non_exhaustive()
+    }
+}
+
+fn serial_lock() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    // A test that panicked while capturing must not block the others.
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
