@@ -354,6 +354,28 @@ where
     }
 }
 
+/// Keeps a [`Capture`] installed as the thread's default subscriber; see
+/// [`Capture::set_default`]. Dropping it uninstalls the capture and lets the
+/// next capture in this process start.
+#[must_use = "the capture is uninstalled when the guard is dropped"]
+pub struct CaptureGuard {
+    // Field order matters: the subscriber goes before the lock is released.
+    _default: tracing::subscriber::DefaultGuard,
+    _serial: MutexGuard<'static, ()>,
+}
+
+impl std::fmt::Debug for CaptureGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CaptureGuard").finish_non_exhaustive()
+    }
+}
+
+fn serial_lock() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    // A test that panicked while capturing must not block the others.
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -429,26 +451,4 @@ mod tests {
         }
         assert_eq!(capture.count("inner-detail"), 2, "{}", capture.text());
     }
-}
-
-/// Keeps a [`Capture`] installed as the thread's default subscriber; see
-/// [`Capture::set_default`]. Dropping it uninstalls the capture and lets the
-/// next capture in this process start.
-#[must_use = "the capture is uninstalled when the guard is dropped"]
-pub struct CaptureGuard {
-    // Field order matters: the subscriber goes before the lock is released.
-    _default: tracing::subscriber::DefaultGuard,
-    _serial: MutexGuard<'static, ()>,
-}
-
-impl std::fmt::Debug for CaptureGuard {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CaptureGuard").finish_non_exhaustive()
-    }
-}
-
-fn serial_lock() -> MutexGuard<'static, ()> {
-    static SERIAL: Mutex<()> = Mutex::new(());
-    // A test that panicked while capturing must not block the others.
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
