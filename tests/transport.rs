@@ -494,3 +494,129 @@ impl PostTo for Client {
         )
     }
 }
+
+/// hyper-util re-sends by itself a request that was queued on a reused
+/// pooled connection but never written because the connection turned out
+/// closed (`retry_canceled_requests`). That re-send happens inside one
+/// transport call, so rebound must report one attempt.
+///
+/// `FaultServer` cannot close an idle keep-alive connection (only
+/// `connection: close`, which the client honours by not pooling), so the
+/// server here is hand-written: it answers on the first connection, then
+/// closes it idle on cue; later connections answer normally.
+///
+/// Making hyper-util take the re-send path needs the request queued on the
+/// pooled connection *before* its connection task has seen the server's
+/// FIN, and the FIN *visible* to that task before it writes the request.
+/// The client runs on a current-thread runtime: the thread blocks (so no
+/// task and no I/O driver runs) until the server has closed, then one
+/// `yield_now` lets the driver record the FIN, and tokio polls the
+/// `block_on` future before the woken connection task. The checkout still
+/// sees the connection as idle and open, queues the request; the
+/// connection task then reads EOF, closes without writing, and hands the
+/// request back as "canceled", which hyper-util re-sends on a new
+/// connection.
+#[test]
+fn hyper_util_resend_on_a_closed_pooled_connection_is_one_attempt() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{mpsc, Arc};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn read_head(s: &mut tokio::net::TcpStream) -> bool {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 1024];
+        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+            match s.read(&mut chunk).await {
+                Ok(0) | Err(_) => return false,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+        true
+    }
+
+    let server_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let listener = server_rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (close_tx, close_rx) = tokio::sync::oneshot::channel::<()>();
+    let (closed_tx, closed_rx) = mpsc::channel::<()>();
+    // Requests read on connection 1, and on later connections.
+    let first = Arc::new(AtomicUsize::new(0));
+    let later = Arc::new(AtomicUsize::new(0));
+    let connections = Arc::new(AtomicUsize::new(0));
+    {
+        let (first, later, connections) = (first.clone(), later.clone(), connections.clone());
+        server_rt.spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            connections.fetch_add(1, Ordering::SeqCst);
+            if read_head(&mut s).await {
+                first.fetch_add(1, Ordering::SeqCst);
+                s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nfirst")
+                    .await
+                    .unwrap();
+            }
+            // Keep-alive, idle, until told to close (as an idle timeout).
+            let _ = close_rx.await;
+            drop(s);
+            let _ = closed_tx.send(());
+            loop {
+                let (mut s, _) = listener.accept().await.unwrap();
+                connections.fetch_add(1, Ordering::SeqCst);
+                let later = later.clone();
+                tokio::spawn(async move {
+                    while read_head(&mut s).await {
+                        later.fetch_add(1, Ordering::SeqCst);
+                        let res = b"HTTP/1.1 200 OK\r\ncontent-length: 6\r\n\r\nsecond";
+                        if s.write_all(res).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+    }
+
+    let client_rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let url = format!("http://{addr}/again");
+    let client = client().build().unwrap();
+    let res = client_rt.block_on(async {
+        tokio::time::timeout(TEST_LIMIT, async {
+            let res = client.get(url.clone()).await.unwrap();
+            assert_eq!(&drain(res.into_body()).await.unwrap()[..], b"first");
+            // Let the connection go back to the pool, idle.
+            tokio::time::sleep(ms(100)).await;
+            close_tx.send(()).unwrap();
+            // Block this thread (no task, no I/O driver) until the server
+            // has closed, then leave the FIN time to arrive.
+            closed_rx.recv_timeout(TEST_LIMIT).unwrap();
+            // The wall clock is needed: the runtime must not run.
+            #[allow(clippy::disallowed_methods)]
+            std::thread::sleep(ms(50));
+            // The driver records the FIN and wakes the connection task;
+            // this future is polled first and queues the request.
+            tokio::task::yield_now().await;
+            client.get(url.clone()).await
+        })
+        .await
+        .expect("test exceeded its time limit")
+    });
+    let res = res.unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(Attempts::of(res.extensions()), 1);
+    let body = client_rt.block_on(drain(res.into_body())).unwrap();
+    assert_eq!(&body[..], b"second");
+    assert_eq!(first.load(Ordering::SeqCst), 1);
+    assert_eq!(later.load(Ordering::SeqCst), 1);
+    assert_eq!(connections.load(Ordering::SeqCst), 2);
+    drop(client);
+    drop(client_rt);
+    server_rt.shutdown_background();
+}
