@@ -243,6 +243,60 @@ async fn body_read_past_the_total_times_out_as_deadline() {
     .await
 }
 
+/// A small body, and a slow one that finishes inside the grace period,
+/// pass the rate check: no false positives on small or finished bodies.
+#[tokio::test]
+async fn small_and_finished_bodies_pass_the_rate_check() {
+    bounded(async {
+        let server = FaultServer::builder()
+            .route("/small", [Action::status(200).body("tiny")])
+            .route(
+                "/slow-but-short",
+                [Action::status(200).body_len(40).trickle(100)],
+            )
+            .start()
+            .await;
+        let rate = MinBodyRate::new(10_000, ms(300))
+            .unwrap()
+            .grace(Duration::from_secs(2))
+            .unwrap();
+        let client = client().min_body_rate(rate).build().unwrap();
+        let res = client.get(server.url("/small")).await.unwrap();
+        assert_eq!(&drain(res.into_body()).await.unwrap()[..], b"tiny");
+        let res = client.get(server.url("/slow-but-short")).await.unwrap();
+        assert_eq!(drain(res.into_body()).await.unwrap().len(), 40);
+    })
+    .await
+}
+
+/// A request whose deadline has already passed fails at once, stage
+/// `deadline`, without reaching the server.
+#[tokio::test]
+async fn a_request_past_its_deadline_never_reaches_the_server() {
+    bounded(async {
+        let server = FaultServer::builder().start().await;
+        let client = client().build().unwrap();
+        let mut req = Request::get(server.url("/late"))
+            .body(Body::empty())
+            .unwrap();
+        req.extensions_mut()
+            .insert(Deadline(Instant::now() - ms(10)));
+        let start = Instant::now();
+        let err = client.send(req).await.unwrap_err();
+        assert_eq!(err.timeout_stage(), Some(TimeoutStage::Deadline), "{err:?}");
+        assert!(
+            start.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            start.elapsed()
+        );
+        // Nothing was sent: give a stray connection time to show up.
+        tokio::time::sleep(ms(100)).await;
+        assert_eq!(server.connections(), 0);
+        assert_eq!(server.request_count(), 0);
+    })
+    .await
+}
+
 // ===== TLS round trips =====
 
 async fn tls_round_trip(http2: bool, via_config: bool) -> Version {
