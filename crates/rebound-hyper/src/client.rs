@@ -271,8 +271,8 @@ impl ClientBuilder {
     }
 
     /// The backoff between attempts. Default: exponential from 100 ms,
-    /// doubling, capped at 10 s, full jitter. Its cap must not exceed the
-    /// total timeout.
+    /// doubling, capped at 10 s (or the total timeout, if shorter), full
+    /// jitter. Its cap must not exceed the total timeout.
     pub fn backoff(mut self, backoff: Backoff) -> Self {
         self.backoff = Some(backoff);
         self
@@ -376,9 +376,13 @@ impl ClientBuilder {
         let attempt = AttemptTimeoutLayer::new(self.attempt)?;
         attempt.check_within(self.total)?;
 
-        let backoff = self
-            .backoff
-            .unwrap_or_else(|| Backoff::exponential(DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_CAP));
+        // The default backoff fits any total: its cap shrinks to the total
+        // (a caller's own backoff is checked instead, and refused if its cap
+        // is longer).
+        let backoff = self.backoff.unwrap_or_else(|| {
+            let cap = DEFAULT_BACKOFF_CAP.min(self.total);
+            Backoff::exponential(DEFAULT_BACKOFF_BASE.min(cap), cap)
+        });
         backoff.validate()?;
         if backoff.cap() > self.total {
             return Err(Error::config(format!(
