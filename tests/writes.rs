@@ -463,16 +463,20 @@ async fn send_json_keeps_the_callers_headers() {
 
 // ===== draining discarded responses =====
 
+/// Two 503s with 32 KiB bodies, then `ok`. 32 KiB is "small" for the retry
+/// layer's drain (up to 64 KiB) but more than hyper reads ahead on its own:
+/// with a few bytes only, hyper has the whole body before the response is
+/// even handed up, and the connection is reused with or without a drain.
 fn small_503s_then(ok: &'static str) -> [Action; 3] {
     [
-        Action::status(503).body("busy, try again"),
-        Action::status(503).body("busy, try again"),
+        Action::status(503).body_len(32 * 1024),
+        Action::status(503).body_len(32 * 1024),
         Action::status(200).body(ok),
     ]
 }
 
 /// The drain runs during the backoff sleep: no jitter, so each sleep
-/// (25 ms, 50 ms) is far longer than reading 15 bytes on loopback.
+/// (25 ms, 50 ms) is far longer than reading 32 KiB on loopback.
 fn steady_backoff() -> Client {
     Client::builder()
         .backoff(
