@@ -326,7 +326,9 @@ async fn get_json_refuses_a_20_mib_body_without_reading_it() {
         // Announced by content-length; only 64 KiB of it ever comes.
         .route(
             "/announced",
-            [Action::status(200).body_len(20 * MIB).stall_after(64 * 1024)],
+            [Action::status(200)
+                .body_len(20 * MIB)
+                .stall_after(64 * 1024)],
         )
         // Chunked (no length up front); 12 MiB come, the rest never does.
         .route(
@@ -410,7 +412,10 @@ async fn post_json_sends_json_with_a_key_and_is_retried() {
 #[tokio::test]
 async fn json_helpers_report_a_final_error_status_with_its_attempts() {
     let server = FaultServer::builder()
-        .route("/order", [Action::status(404).body("{\"error\":\"s3cret\"}")])
+        .route(
+            "/order",
+            [Action::status(404).body("{\"error\":\"s3cret\"}")],
+        )
         .default(Action::status(503).body("busy"))
         .start()
         .await;
@@ -420,10 +425,7 @@ async fn json_helpers_report_a_final_error_status_with_its_attempts() {
         .get_json::<Order>(server.url("/order"))
         .await
         .unwrap_err();
-    assert_eq!(
-        err.find_source::<UnexpectedStatus>().unwrap().status(),
-        404
-    );
+    assert_eq!(err.find_source::<UnexpectedStatus>().unwrap().status(), 404);
     assert!(!format!("{err} {err:?}").contains("s3cret"));
     assert_eq!(server.requests_to("/order").len(), 1);
 
@@ -431,10 +433,7 @@ async fn json_helpers_report_a_final_error_status_with_its_attempts() {
         .get_json::<Order>(server.url("/busy"))
         .await
         .unwrap_err();
-    assert_eq!(
-        err.find_source::<UnexpectedStatus>().unwrap().status(),
-        503
-    );
+    assert_eq!(err.find_source::<UnexpectedStatus>().unwrap().status(), 503);
     assert_eq!(err.attempts(), 2);
     assert!(err.is_attempts_exhausted());
 }
@@ -503,7 +502,11 @@ async fn discarded_small_503_bodies_are_drained_so_one_connection_serves_all() {
     assert_eq!(Attempts::of(res.extensions()), 3);
     let seen = server.requests_to("/flaky");
     assert_eq!(seen.len(), 3);
-    assert_eq!(server.connections(), 1, "the connection went back to the pool");
+    assert_eq!(
+        server.connections(),
+        1,
+        "the connection went back to the pool"
+    );
     assert_eq!(seen[2].index_on_connection, 2);
 }
 

@@ -60,7 +60,10 @@ pub struct Body {
 
 enum Kind {
     Empty,
-    Full { data: Bytes, sent: bool },
+    Full {
+        data: Bytes,
+        sent: bool,
+    },
     /// A stream not armed yet: sent once unless armed.
     Stream(UnsyncBoxBody<Bytes, BoxError>),
     /// A stream recorded for replay, up to its cap.

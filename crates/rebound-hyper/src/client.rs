@@ -53,6 +53,23 @@
 //! A layer that is "off" stays in the stack configured as a pass-through
 //! (a limit no one reaches, an empty method set), so the client has one
 //! shape whatever its configuration.
+//!
+//! # Request bodies and JSON
+//!
+//! A streamed request body is recorded as it is sent, up to
+//! [`replay_buffer_cap`](ClientBuilder::replay_buffer_cap) (64 KiB), so the
+//! retry layer can send it again; a longer one is sent once and not retried
+//! (reason `body not replayable`). See [`Body`].
+//!
+//! The JSON helpers ([`get_json`](Client::get_json),
+//! [`post_json`](Client::post_json), [`send_json`](Client::send_json); see
+//! [`crate::json`]) go through a second stack built from the same layer
+//! values, so it shares the connection pool, the retry budget, the limiters
+//! and the gate table, with a
+//! [`CollectBodyLayer`] (cap:
+//! [`max_response_body`](ClientBuilder::max_response_body), 10 MiB) right
+//! below [`ClassifyLayer`]: the response body is read inside each attempt,
+//! and a body cut short is retried.
 
 use std::fmt;
 use std::future::Future;
@@ -137,7 +154,8 @@ pub(crate) type CollectingBody = DeadlineBody<LimitBody<CollectedBody>>;
 /// right below [`ClassifyLayer`], so that a body cut short is an attempt's
 /// failure. Erased at the same two points as [`Stack`], plus one below the
 /// classifier (the collecting part adds a generic level).
-pub(crate) type CollectingStack = BoxCloneSyncService<Request<Body>, Response<CollectingBody>, Error>;
+pub(crate) type CollectingStack =
+    BoxCloneSyncService<Request<Body>, Response<CollectingBody>, Error>;
 
 /// The per-attempt part of the collecting stack, erased likewise.
 type CollectingAttemptStack = BoxCloneSyncService<Request<Body>, Response<CollectedBody>, Error>;
@@ -480,9 +498,7 @@ impl ClientBuilder {
 
         let attempts =
             AttemptStack::new(self.trace.attempt_layer().layer(backoff.layer(gate.layer(
-                adaptive.layer(retry_after.layer(
-                    classify.layer(attempt.layer(transport.clone())),
-                )),
+                adaptive.layer(retry_after.layer(classify.layer(attempt.layer(transport.clone())))),
             ))));
         let stack =
             self.trace.layer(CancelLayer::new().layer(
@@ -497,13 +513,12 @@ impl ClientBuilder {
                 .max_bytes(self.max_response_body)
                 .layer(attempt.layer(transport)),
         );
-        let collecting_attempts =
-            CollectingAttemptStack::new(self.trace.attempt_layer().layer(backoff.layer(
-                gate.layer(adaptive.layer(retry_after.layer(classify.layer(collected)))),
-            )));
-        let collecting = self.trace.layer(CancelLayer::new().layer(deadline.layer(
-            concurrency.layer(idempotency.layer(retry.layer(collecting_attempts))),
-        )));
+        let collecting_attempts = CollectingAttemptStack::new(self.trace.attempt_layer().layer(
+            backoff.layer(gate.layer(adaptive.layer(retry_after.layer(classify.layer(collected))))),
+        ));
+        let collecting = self.trace.layer(CancelLayer::new().layer(
+            deadline.layer(concurrency.layer(idempotency.layer(retry.layer(collecting_attempts)))),
+        ));
         Ok(Client {
             inner: BoxCloneSyncService::new(stack),
             collecting: BoxCloneSyncService::new(collecting),

@@ -178,7 +178,10 @@ impl Client {
 }
 
 /// Send through the collecting stack and decode.
-async fn run<T: DeserializeOwned>(stack: CollectingStack, mut req: Request<Body>) -> Result<T, Error> {
+async fn run<T: DeserializeOwned>(
+    stack: CollectingStack,
+    mut req: Request<Body>,
+) -> Result<T, Error> {
     if !req.headers().contains_key(ACCEPT) {
         req.headers_mut().insert(ACCEPT, APPLICATION_JSON);
     }
