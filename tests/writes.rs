@@ -523,3 +523,45 @@ async fn json_helpers_reuse_the_connection_across_attempts_too() {
     assert_eq!(server.requests_to("/flaky").len(), 3);
     assert_eq!(server.connections(), 1);
 }
+
+#[tokio::test]
+async fn both_stacks_share_the_retry_after_gate() {
+    let server = FaultServer::builder()
+        .route("/a", [Action::status(503).header("retry-after", "30")])
+        .default(Action::status(200).body(ORDER))
+        .start()
+        .await;
+    let client = fast()
+        .max_attempts(1)
+        .retry_after_gate(rebound::GateMode::FailFast)
+        .build()
+        .unwrap();
+
+    // The plain stack sees the pause; the JSON stack honours it.
+    let res = client
+        .send(Request::get(server.url("/a")).body(()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 503);
+    let err = client
+        .get_json::<Order>(server.url("/b"))
+        .await
+        .unwrap_err();
+    assert!(err.is_throttled(), "{err:?}");
+    assert_eq!(server.request_count(), 1);
+}
+
+#[tokio::test]
+async fn post_json_with_a_body_that_cannot_be_json_sends_nothing() {
+    let server = FaultServer::builder().start().await;
+    let client = fast().build().unwrap();
+    // JSON object keys must be strings.
+    let body = std::collections::BTreeMap::from([((1u8, 2u8), "v")]);
+    let err = client
+        .post_json::<_, Order>(server.url("/orders"), &body)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), rebound::ErrorKind::InvalidRequest, "{err:?}");
+    assert!(err.to_string().contains("cannot be encoded as JSON"), "{err}");
+    assert_eq!(server.request_count(), 0);
+}
