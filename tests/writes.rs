@@ -562,6 +562,9 @@ async fn post_json_with_a_body_that_cannot_be_json_sends_nothing() {
         .await
         .unwrap_err();
     assert_eq!(err.kind(), rebound::ErrorKind::InvalidRequest, "{err:?}");
-    assert!(err.to_string().contains("cannot be encoded as JSON"), "{err}");
+    assert!(
+        err.to_string().contains("cannot be encoded as JSON"),
+        "{err}"
+    );
     assert_eq!(server.request_count(), 0);
 }
