@@ -10,10 +10,26 @@
 //! assert!(body.try_replay().is_some());
 //! assert!(Body::empty().try_replay().is_some());
 //!
-//! // A streamed body cannot be sent twice.
-//! let chunks = futures_util::stream::iter([Ok::<_, std::io::Error>(Bytes::from("a"))]);
-//! assert!(Body::from_stream(chunks).try_replay().is_none());
+//! // A streamed body replays once it is given a buffer cap: the ready-made
+//! // client does that with its `replay_buffer_cap` (64 KiB by default).
+//! let chunks = || futures_util::stream::iter([Ok::<_, std::io::Error>(Bytes::from("a"))]);
+//! assert!(Body::from_stream(chunks()).try_replay().is_none());
+//! let body = Body::from_stream(chunks()).replay_cap(64 * 1024);
+//! assert!(body.try_replay().is_some());
 //! ```
+//!
+//! # Streamed bodies
+//!
+//! A streamed body is recorded while the first attempt sends it, by a
+//! [`ReplayBody`], and played back byte for byte (data and trailers) to the
+//! next attempts, as long as it stays within its cap. Past the cap the
+//! recording is dropped, the attempt in flight still sends the whole body,
+//! and the retry layer stops with
+//! [`RetryStop::NotReplayable`](rebound_core::RetryStop::NotReplayable)
+//! (verdict reason `body not replayable`). The cap is chosen when the body
+//! is armed: by [`Body::replay_cap`], or by the ready-made client
+//! ([`ClientBuilder::replay_buffer_cap`](crate::ClientBuilder::replay_buffer_cap))
+//! for a body that was not armed yet.
 
 use std::fmt;
 use std::pin::Pin;
@@ -25,14 +41,17 @@ use http_body::{Frame, SizeHint};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Empty, Full, StreamBody};
 use rebound_core::body::ReplayableBody;
+use rebound_core::replay::ReplayBody;
 use rebound_core::BoxError;
 
 /// A request body: empty, bytes already in memory, or a stream.
 ///
 /// Empty and in-memory bodies can be sent again by the retry layer
 /// ([`ReplayableBody::try_replay`] is a reference-count increment and always
-/// starts from the first byte); a streamed body answers `None` (wrap it in a
-/// buffering replay body to make it retryable).
+/// starts from the first byte). A streamed body can be sent again once it is
+/// armed with a buffer cap ([`replay_cap`](Body::replay_cap); the ready-made
+/// client arms every streamed body it sends) and as long as it has not
+/// passed that cap; see the [module docs](self).
 ///
 /// `Debug` shows the kind and length of a body, never its contents.
 pub struct Body {
@@ -41,8 +60,14 @@ pub struct Body {
 
 enum Kind {
     Empty,
-    Full { data: Bytes, sent: bool },
+    Full {
+        data: Bytes,
+        sent: bool,
+    },
+    /// A stream not armed yet: sent once unless armed.
     Stream(UnsyncBoxBody<Bytes, BoxError>),
+    /// A stream recorded for replay, up to its cap.
+    Replay(ReplayBody<UnsyncBoxBody<Bytes, BoxError>>),
 }
 
 impl Body {
@@ -62,7 +87,8 @@ impl Body {
         }
     }
 
-    /// A body from any `http_body::Body` of `Bytes` (boxed; not replayable).
+    /// A body from any `http_body::Body` of `Bytes` (boxed; replayable once
+    /// armed, see [`replay_cap`](Self::replay_cap)).
     pub fn wrap<B>(body: B) -> Self
     where
         B: http_body::Body<Data = Bytes> + Send + 'static,
@@ -73,7 +99,8 @@ impl Body {
         }
     }
 
-    /// A body from a stream of byte chunks (boxed; not replayable).
+    /// A body from a stream of byte chunks (boxed; replayable once armed,
+    /// see [`replay_cap`](Self::replay_cap)).
     pub fn from_stream<S, E>(stream: S) -> Self
     where
         S: Stream<Item = Result<Bytes, E>> + Send + 'static,
@@ -84,9 +111,28 @@ impl Body {
         ))
     }
 
-    /// Whether this body can be sent again (empty or in memory).
+    /// Arm a streamed body for replay: record up to `max_bytes` bytes of it
+    /// while it is sent, so that a retry can send it again (a body of exactly
+    /// `max_bytes` bytes is replayable, one byte more is not). Empty,
+    /// in-memory and already armed bodies are returned unchanged (an armed
+    /// body keeps its first cap).
+    pub fn replay_cap(self, max_bytes: usize) -> Self {
+        match self.kind {
+            Kind::Stream(body) => Body {
+                kind: Kind::Replay(ReplayBody::with_max_bytes(body, max_bytes)),
+            },
+            kind => Body { kind },
+        }
+    }
+
+    /// Whether this body can be sent again now: empty, in memory, or an
+    /// armed stream that has not passed its cap nor failed.
     pub fn is_replayable(&self) -> bool {
-        !matches!(self.kind, Kind::Stream(_))
+        match &self.kind {
+            Kind::Empty | Kind::Full { .. } => true,
+            Kind::Stream(_) => false,
+            Kind::Replay(body) => !body.is_capped(),
+        }
     }
 
     /// The bytes of an in-memory body; `None` for a stream. Empty for an
@@ -95,7 +141,7 @@ impl Body {
         match &self.kind {
             Kind::Empty => Some(&[]),
             Kind::Full { data, .. } => Some(data),
-            Kind::Stream(_) => None,
+            Kind::Stream(_) | Kind::Replay(_) => None,
         }
     }
 }
@@ -112,6 +158,12 @@ impl fmt::Debug for Body {
             Kind::Empty => f.write_str("Body::Empty"),
             Kind::Full { data, .. } => write!(f, "Body::Full({} bytes)", data.len()),
             Kind::Stream(_) => f.write_str("Body::Stream"),
+            Kind::Replay(body) => write!(
+                f,
+                "Body::Stream(replay cap {} bytes{})",
+                body.max_bytes(),
+                if body.is_capped() { ", capped" } else { "" }
+            ),
         }
     }
 }
@@ -135,6 +187,9 @@ impl http_body::Body for Body {
                 }
             }
             Kind::Stream(body) => Pin::new(body).poll_frame(cx),
+            Kind::Replay(body) => Pin::new(body)
+                .poll_frame(cx)
+                .map_err(|e| Box::new(e) as BoxError),
         }
     }
 
@@ -143,6 +198,7 @@ impl http_body::Body for Body {
             Kind::Empty => true,
             Kind::Full { sent, .. } => *sent,
             Kind::Stream(body) => body.is_end_stream(),
+            Kind::Replay(body) => body.is_end_stream(),
         }
     }
 
@@ -153,6 +209,7 @@ impl http_body::Body for Body {
                 SizeHint::with_exact(if *sent { 0 } else { data.len() as u64 })
             }
             Kind::Stream(body) => body.size_hint(),
+            Kind::Replay(body) => body.size_hint(),
         }
     }
 }
@@ -169,6 +226,9 @@ impl ReplayableBody for Body {
                 },
             }),
             Kind::Stream(_) => None,
+            Kind::Replay(body) => body.try_replay().map(|copy| Body {
+                kind: Kind::Replay(copy),
+            }),
         }
     }
 }
@@ -270,5 +330,55 @@ mod tests {
         assert!(!s.is_replayable());
         assert_eq!(format!("{s:?}"), "Body::Stream");
         assert_eq!(&s.collect().await.unwrap().to_bytes()[..], b"ab");
+    }
+
+    fn chunks(n: usize, size: usize) -> Body {
+        Body::from_stream(futures_util::stream::iter(
+            (0..n).map(move |i| Ok::<_, std::io::Error>(Bytes::from(vec![i as u8; size]))),
+        ))
+    }
+
+    #[tokio::test]
+    async fn armed_stream_replays_byte_identical_under_the_cap() {
+        let kept = chunks(4, 1000).replay_cap(4000);
+        assert!(kept.is_replayable());
+        let first = kept.try_replay().unwrap();
+        let a = first.collect().await.unwrap().to_bytes();
+        let second = kept.try_replay().expect("4000 bytes is at the cap");
+        let b = second.collect().await.unwrap().to_bytes();
+        assert_eq!(a.len(), 4000);
+        assert_eq!(a, b);
+        assert!(format!("{kept:?}").starts_with("Body::Stream(replay cap 4000 bytes"));
+    }
+
+    #[tokio::test]
+    async fn armed_stream_over_the_cap_is_sent_once_then_not_replayable() {
+        let kept = chunks(4, 1000).replay_cap(3999);
+        let first = kept.try_replay().unwrap();
+        // The attempt in flight still sends everything.
+        assert_eq!(first.collect().await.unwrap().to_bytes().len(), 4000);
+        assert!(kept.try_replay().is_none());
+        assert!(!kept.is_replayable());
+        assert!(format!("{kept:?}").ends_with(", capped)"));
+    }
+
+    #[tokio::test]
+    async fn trailers_replay_and_arming_twice_keeps_the_first_cap() {
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("x-checksum", http::HeaderValue::from_static("abc"));
+        let frames = futures_util::stream::iter([
+            Ok::<_, std::io::Error>(Frame::data(Bytes::from_static(b"data"))),
+            Ok(Frame::trailers(trailers.clone())),
+        ]);
+        let kept = Body::wrap(StreamBody::new(frames))
+            .replay_cap(16)
+            .replay_cap(0);
+        for _ in 0..2 {
+            let got = kept.try_replay().unwrap().collect().await.unwrap();
+            assert_eq!(got.trailers(), Some(&trailers));
+            assert_eq!(&got.to_bytes()[..], b"data");
+        }
+        // In-memory bodies are unchanged by arming.
+        assert_eq!(Body::from("x").replay_cap(0).as_bytes(), Some(&b"x"[..]));
     }
 }

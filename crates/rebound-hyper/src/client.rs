@@ -53,6 +53,23 @@
 //! A layer that is "off" stays in the stack configured as a pass-through
 //! (a limit no one reaches, an empty method set), so the client has one
 //! shape whatever its configuration.
+//!
+//! # Request bodies and JSON
+//!
+//! A streamed request body is recorded as it is sent, up to
+//! [`replay_buffer_cap`](ClientBuilder::replay_buffer_cap) (64 KiB), so the
+//! retry layer can send it again; a longer one is sent once and not retried
+//! (reason `body not replayable`). See [`Body`].
+//!
+//! The JSON helpers ([`get_json`](Client::get_json),
+//! [`post_json`](Client::post_json), [`send_json`](Client::send_json); see
+//! [`crate::json`]) go through a second stack built from the same layer
+//! values, so it shares the connection pool, the retry budget, the limiters
+//! and the gate table, with a
+//! [`CollectBodyLayer`] (cap:
+//! [`max_response_body`](ClientBuilder::max_response_body), 10 MiB) right
+//! below [`ClassifyLayer`]: the response body is read inside each attempt,
+//! and a body cut short is retried.
 
 use std::fmt;
 use std::future::Future;
@@ -67,6 +84,7 @@ use rebound_core::attempt_timeout::AttemptTimeoutLayer;
 use rebound_core::backoff::{Backoff, BackoffLayer};
 use rebound_core::cancel::CancelLayer;
 use rebound_core::classify::{ClassifyLayer, HttpClassifier};
+use rebound_core::collect::{CollectBodyLayer, CollectedBody};
 use rebound_core::deadline::{DeadlineBody, DeadlineLayer};
 use rebound_core::gate::{GateMode, GateTable, RetryAfterGateLayer};
 use rebound_core::idempotency::IdempotencyKeyLayer;
@@ -103,6 +121,10 @@ pub const DEFAULT_RETRY_AFTER_CAP: Duration = Duration::from_secs(60);
 pub const DEFAULT_BACKOFF_BASE: Duration = Duration::from_millis(100);
 /// Default [`ClientBuilder::backoff`] cap: 10 s.
 pub const DEFAULT_BACKOFF_CAP: Duration = Duration::from_secs(10);
+/// Default [`ClientBuilder::replay_buffer_cap`]: 64 KiB.
+pub const DEFAULT_REPLAY_BUFFER_CAP: usize = 64 * 1024;
+/// Default [`ClientBuilder::max_response_body`]: 10 MiB.
+pub const DEFAULT_MAX_RESPONSE_BODY: usize = 10 * 1024 * 1024;
 /// Default upper bound of the [adaptive limit](ClientBuilder::adaptive_limit):
 /// 256 attempts in flight.
 pub const DEFAULT_ADAPTIVE_MAX: usize = 256;
@@ -122,6 +144,21 @@ type Stack = BoxCloneSyncService<Request<Body>, Response<ClientBody>, Error>;
 
 /// The per-attempt part, below the retry loop, erased likewise.
 type AttemptStack = BoxCloneSyncService<Request<Body>, Response<ResponseBody<Incoming>>, Error>;
+
+/// The body of a response read inside the attempt (the JSON helpers'
+/// stack): already in memory, under the same permit and deadline wrappers.
+pub(crate) type CollectingBody = DeadlineBody<LimitBody<CollectedBody>>;
+
+/// The second stack, for the JSON helpers: the same layers sharing the same
+/// transport, budget, limiters and gate table, with [`CollectBodyLayer`]
+/// right below [`ClassifyLayer`], so that a body cut short is an attempt's
+/// failure. Erased at the same two points as [`Stack`], plus one below the
+/// classifier (the collecting part adds a generic level).
+pub(crate) type CollectingStack =
+    BoxCloneSyncService<Request<Body>, Response<CollectingBody>, Error>;
+
+/// The per-attempt part of the collecting stack, erased likewise.
+type CollectingAttemptStack = BoxCloneSyncService<Request<Body>, Response<CollectedBody>, Error>;
 
 // ===== impl ClientBuilder =====
 
@@ -146,6 +183,8 @@ pub struct ClientBuilder {
     gate: GateMode,
     gate_table: Option<Arc<GateTable>>,
     idempotency: bool,
+    replay_cap: usize,
+    max_response_body: usize,
     trace: TraceLayer,
 }
 
@@ -174,6 +213,8 @@ impl Default for ClientBuilder {
             gate: GateMode::Wait,
             gate_table: None,
             idempotency: true,
+            replay_cap: DEFAULT_REPLAY_BUFFER_CAP,
+            max_response_body: DEFAULT_MAX_RESPONSE_BODY,
             trace: TraceLayer::new(),
         }
     }
@@ -356,6 +397,28 @@ impl ClientBuilder {
         self
     }
 
+    /// How many bytes of a streamed request body are kept so that it can be
+    /// sent again: a stream of at most this many bytes is retried like an
+    /// in-memory body, a longer one is sent once and not retried
+    /// ([`RetryStop::NotReplayable`](rebound_core::RetryStop::NotReplayable),
+    /// reason `body not replayable`). Applies to streamed bodies not armed
+    /// with [`Body::replay_cap`] already; `0` makes only empty streams
+    /// replayable. Default: 64 KiB.
+    pub fn replay_buffer_cap(mut self, max_bytes: usize) -> Self {
+        self.replay_cap = max_bytes;
+        self
+    }
+
+    /// The largest response body the JSON helpers
+    /// ([`get_json`](Client::get_json), ...) read, in bytes: a larger body
+    /// fails the request with a fatal `body too large` error, without being
+    /// read further. Does not apply to [`send`](Client::send), whose body the
+    /// caller reads. Default: 10 MiB.
+    pub fn max_response_body(mut self, max_bytes: usize) -> Self {
+        self.max_response_body = max_bytes;
+        self
+    }
+
     /// The trace layers' configuration (see
     /// [`TraceLayer::builder`]). Default: [`TraceLayer::new`].
     pub fn trace(mut self, trace: TraceLayer) -> Self {
@@ -434,20 +497,36 @@ impl ClientBuilder {
 
         let transport = self.transport.body_idle_timeout(self.body_idle).build()?;
 
+        let backoff = BackoffLayer::try_new(backoff)?;
+        let classify = ClassifyLayer::new(self.classifier);
+
         let attempts =
-            AttemptStack::new(self.trace.attempt_layer().layer(
-                BackoffLayer::try_new(backoff)?.layer(gate.layer(
-                    adaptive.layer(retry_after.layer(
-                        ClassifyLayer::new(self.classifier).layer(attempt.layer(transport)),
-                    )),
-                )),
-            ));
+            AttemptStack::new(self.trace.attempt_layer().layer(backoff.layer(gate.layer(
+                adaptive.layer(retry_after.layer(classify.layer(attempt.layer(transport.clone())))),
+            ))));
         let stack =
             self.trace.layer(CancelLayer::new().layer(
                 deadline.layer(concurrency.layer(idempotency.layer(retry.layer(attempts)))),
             ));
+
+        // The JSON helpers' stack: the very same layer values (their state is
+        // behind `Arc`s, so both stacks share the pool, budget, limiters and
+        // gate table), with the body read inside each attempt.
+        let collected = CollectingAttemptStack::new(
+            CollectBodyLayer::new()
+                .max_bytes(self.max_response_body)
+                .layer(attempt.layer(transport)),
+        );
+        let collecting_attempts = CollectingAttemptStack::new(self.trace.attempt_layer().layer(
+            backoff.layer(gate.layer(adaptive.layer(retry_after.layer(classify.layer(collected))))),
+        ));
+        let collecting = self.trace.layer(CancelLayer::new().layer(
+            deadline.layer(concurrency.layer(idempotency.layer(retry.layer(collecting_attempts)))),
+        ));
         Ok(Client {
             inner: BoxCloneSyncService::new(stack),
+            collecting: BoxCloneSyncService::new(collecting),
+            replay_cap: self.replay_cap,
         })
     }
 }
@@ -463,6 +542,8 @@ impl ClientBuilder {
 #[derive(Clone)]
 pub struct Client {
     inner: Stack,
+    pub(crate) collecting: CollectingStack,
+    pub(crate) replay_cap: usize,
 }
 
 impl fmt::Debug for Client {
@@ -483,12 +564,20 @@ impl Client {
         ClientBuilder::new()
     }
 
-    /// Send `req` through the whole stack.
+    /// Send `req` through the whole stack. A streamed body is armed for
+    /// replay with the [`replay_buffer_cap`](ClientBuilder::replay_buffer_cap).
     pub fn send<B>(&self, req: Request<B>) -> SendFuture
     where
         B: Into<Body>,
     {
-        self.inner.clone().oneshot(req.map(Into::into))
+        self.inner.clone().oneshot(self.arm(req))
+    }
+
+    /// The request with its body armed for replay (a no-op for bodies in
+    /// memory).
+    pub(crate) fn arm<B: Into<Body>>(&self, req: Request<B>) -> Request<Body> {
+        let cap = self.replay_cap;
+        req.map(|body| body.into().replay_cap(cap))
     }
 
     /// `GET uri`.
@@ -497,23 +586,29 @@ impl Client {
         U: TryInto<Uri>,
         U::Error: Into<rebound_core::BoxError>,
     {
-        let req = uri
-            .try_into()
-            .map_err(|e| {
-                let mut err = Error::new(ErrorKind::InvalidRequest)
-                    .with_detail("invalid URL")
-                    .with_source(e);
-                err.extensions_mut().insert(Sent::NotSent);
-                err
-            })
-            .map(|uri| {
-                let mut req = Request::new(Body::empty());
-                *req.uri_mut() = uri;
-                req
-            });
+        let req = parse_uri(uri).map(|uri| {
+            let mut req = Request::new(Body::empty());
+            *req.uri_mut() = uri;
+            req
+        });
         let inner = self.inner.clone();
         async move { inner.oneshot(req?).await }
     }
+}
+
+/// `uri` as a [`Uri`], or an `InvalidRequest` error (marked not sent).
+pub(crate) fn parse_uri<U>(uri: U) -> Result<Uri, Error>
+where
+    U: TryInto<Uri>,
+    U::Error: Into<rebound_core::BoxError>,
+{
+    uri.try_into().map_err(|e| {
+        let mut err = Error::new(ErrorKind::InvalidRequest)
+            .with_detail("invalid URL")
+            .with_source(e);
+        err.extensions_mut().insert(Sent::NotSent);
+        err
+    })
 }
 
 impl<B> Service<Request<B>> for Client
@@ -529,6 +624,7 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        self.inner.call(req.map(Into::into))
+        let req = self.arm(req);
+        self.inner.call(req)
     }
 }

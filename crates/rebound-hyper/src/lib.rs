@@ -10,7 +10,8 @@
 //! * [`ResponseBody`]: response bodies with idle and minimum-rate timeouts.
 //! * [`Body`]: the request body (empty, in memory — replayable — or
 //!   streamed).
-//! * [`Client`]: the ready-made stack over the transport.
+//! * [`Client`]: the ready-made stack over the transport, with JSON
+//!   helpers ([`json`]) that read the response body inside each attempt.
 //!
 //! # Errors and the `Sent` answer
 //!
@@ -42,11 +43,13 @@ pub mod body;
 pub mod client;
 pub mod connect;
 mod error;
+pub mod json;
 pub mod response_body;
 pub mod transport;
 
 pub use crate::body::Body;
 pub use crate::client::{Client, ClientBody, ClientBuilder, ResponseFuture, SendFuture};
 pub use crate::connect::{Connector, TlsRoots};
+pub use crate::json::{JsonError, JsonErrorCategory, UnexpectedStatus};
 pub use crate::response_body::{BodyTimeouts, MinBodyRate, ResponseBody};
 pub use crate::transport::{HyperTransport, TransportBuilder};
