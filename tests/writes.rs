@@ -425,6 +425,7 @@ async fn json_helpers_report_a_final_error_status_with_its_attempts() {
         .get_json::<Order>(server.url("/order"))
         .await
         .unwrap_err();
+    assert!(err.is_status(), "{err:?}");
     assert_eq!(err.find_source::<UnexpectedStatus>().unwrap().status(), 404);
     assert!(!format!("{err} {err:?}").contains("s3cret"));
     assert_eq!(server.requests_to("/order").len(), 1);

@@ -288,6 +288,7 @@ fn classify_error(err: &Error) -> Verdict {
         ErrorKind::Rejected => return fatal("rejected"),
         ErrorKind::Throttled => return fatal("throttled"),
         ErrorKind::Decode => return fatal("decode error"),
+        ErrorKind::Status => return fatal("unexpected status"),
         ErrorKind::BodyTooLarge => return fatal("body too large"),
         ErrorKind::NotReplayable => return fatal("body not replayable"),
         ErrorKind::Config => return fatal("invalid configuration"),

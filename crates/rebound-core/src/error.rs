@@ -98,6 +98,9 @@ pub enum ErrorKind {
     BodyTooLarge,
     /// The response body could not be decoded (empty, invalid, wrong shape).
     Decode,
+    /// A helper that expects a success (e.g. the JSON helpers) got another
+    /// status; the status is in the error's source.
+    Status,
     /// The caller cancelled the request.
     Cancelled,
     /// A concurrency limiter refused the request (its queue was full).
@@ -126,6 +129,7 @@ impl ErrorKind {
             ErrorKind::Body => "body",
             ErrorKind::BodyTooLarge => "body_too_large",
             ErrorKind::Decode => "decode",
+            ErrorKind::Status => "status",
             ErrorKind::Cancelled => "cancelled",
             ErrorKind::Rejected => "rejected",
             ErrorKind::Throttled => "throttled",
@@ -146,6 +150,7 @@ impl fmt::Display for ErrorKind {
             ErrorKind::Body => f.write_str("body error"),
             ErrorKind::BodyTooLarge => f.write_str("body too large"),
             ErrorKind::Decode => f.write_str("decode error"),
+            ErrorKind::Status => f.write_str("unexpected status"),
             ErrorKind::Cancelled => f.write_str("cancelled"),
             ErrorKind::Rejected => f.write_str("rejected by the concurrency limiter"),
             ErrorKind::Throttled => f.write_str("throttled: the server asked for a pause"),
@@ -281,6 +286,11 @@ impl Error {
     /// Whether a body could not be decoded.
     pub fn is_decode(&self) -> bool {
         self.inner.kind == ErrorKind::Decode
+    }
+
+    /// Whether a helper expecting a success got another status.
+    pub fn is_status(&self) -> bool {
+        self.inner.kind == ErrorKind::Status
     }
 
     /// Whether the caller cancelled the request.

@@ -65,8 +65,8 @@
 //!
 //! Besides the errors of [`Client::send`], every error names the request:
 //!
-//! * The final response is not a success (2xx): [`ErrorKind::Decode`] with
-//!   the detail `response status is not a success`, an [`UnexpectedStatus`]
+//! * The final response is not a success (2xx): [`ErrorKind::Status`]
+//!   (`is_status()`), an [`UnexpectedStatus`]
 //!   source with the status, and the retry annotations of the response
 //!   ([`Attempts`], [`RetryStop`]) in its extensions. The body is not
 //!   decoded.
@@ -199,13 +199,11 @@ async fn run<T: DeserializeOwned>(
         err.with_request(&method, &uri)
     };
     if !parts.status.is_success() {
-        return Err(annotate(
-            Error::new(ErrorKind::Decode)
-                .with_detail("response status is not a success")
-                .with_source(UnexpectedStatus {
-                    status: parts.status,
-                }),
-        ));
+        return Err(annotate(Error::new(ErrorKind::Status).with_source(
+            UnexpectedStatus {
+                status: parts.status,
+            },
+        )));
     }
     // Already in memory: this only unwraps the permit and deadline wrappers.
     let bytes = body.collect().await.map_err(annotate)?.to_bytes();
