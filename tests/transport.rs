@@ -48,9 +48,9 @@ where
 
 // ===== each stage times out with its own stage =====
 
-/// The client has no option for a custom TCP connector, and loopback
-/// always accepts at once, so the connect stage is tested on the
-/// transport the client is built on, with a connector that waits.
+/// Loopback always accepts at once, so the connect stage is tested with a
+/// connector that waits: on the transport, and through the whole client
+/// (`ClientBuilder::build_with_tcp`) below.
 #[tokio::test]
 async fn connect_stage_times_out_as_connect() {
     bounded(async {
@@ -80,6 +80,44 @@ async fn connect_stage_times_out_as_connect() {
             "{:?}",
             start.elapsed()
         );
+    })
+    .await
+}
+
+#[tokio::test]
+async fn connect_stage_through_the_client_is_retried_as_not_sent() {
+    bounded(async {
+        let calls = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let delaying = {
+            let calls = calls.clone();
+            tower::service_fn(move |uri: http::Uri| {
+                calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                async move {
+                    tokio::time::sleep(Duration::from_secs(60)).await;
+                    let mut http = HttpConnector::new();
+                    http.enforce_http(false);
+                    http.call(uri).await
+                }
+            })
+        };
+        let client = client()
+            .connect_timeout(ms(100))
+            .idempotency_keys(false)
+            .build_with_tcp(delaying)
+            .unwrap();
+        // A POST without a key: retried all the same, since a connect
+        // timeout means nothing was sent.
+        let err = client
+            .send(
+                Request::post("http://127.0.0.1:9/charge")
+                    .body(Body::from("{}"))
+                    .unwrap(),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(err.timeout_stage(), Some(TimeoutStage::Connect), "{err:?}");
+        assert_eq!(err.attempts(), 3, "{err:?}");
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 3);
     })
     .await
 }

@@ -103,9 +103,11 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::body::Body;
+use crate::connect::Connector;
 use crate::connect::TlsRoots;
 use crate::response_body::{MinBodyRate, ResponseBody};
-use crate::transport::TransportBuilder;
+use crate::transport::{HyperTransport, TransportBuilder};
+use hyper_util::client::legacy::connect::Connect;
 
 /// Default [`ClientBuilder::total_timeout`]: 30 s.
 pub const DEFAULT_TOTAL_TIMEOUT: Duration = Duration::from_secs(30);
@@ -435,6 +437,48 @@ impl ClientBuilder {
     /// timeout, a backoff cap longer than the total timeout, zero attempts,
     /// a zero concurrency limit, no root certificates.
     pub fn build(self) -> Result<Client, Error> {
+        let transport = self
+            .transport
+            .clone()
+            .body_idle_timeout(self.body_idle)
+            .build()?;
+        self.assemble(transport)
+    }
+
+    /// Build the client over the TCP connector `tcp` instead of hyper-util's
+    /// `HttpConnector` (a proxy tunnel, a Unix-socket bridge, or in tests a
+    /// connector that delays). The connect timeout, the TLS stage and every
+    /// layer apply as with [`build`](Self::build).
+    ///
+    /// # Errors
+    ///
+    /// As [`build`](Self::build).
+    pub fn build_with_tcp<C>(self, tcp: C) -> Result<Client, Error>
+    where
+        C: Service<Uri> + Clone + Send + Sync + 'static,
+        C::Response: hyper::rt::Read
+            + hyper::rt::Write
+            + hyper_util::client::legacy::connect::Connection
+            + Send
+            + Unpin
+            + 'static,
+        C::Future: Send + 'static,
+        C::Error: Into<rebound_core::BoxError>,
+        Connector<C>: Connect + Clone + Send + Sync + 'static,
+    {
+        let transport = self
+            .transport
+            .clone()
+            .body_idle_timeout(self.body_idle)
+            .build_with_tcp(tcp)?;
+        self.assemble(transport)
+    }
+
+    fn assemble<C>(self, transport: HyperTransport<C>) -> Result<Client, Error>
+    where
+        C: Clone + Send + Sync + 'static,
+        Connector<C>: Connect + Clone + Send + Sync + 'static,
+    {
         let deadline = DeadlineLayer::new(self.total)?;
         let attempt = AttemptTimeoutLayer::new(self.attempt)?;
         attempt.check_within(self.total)?;
@@ -494,8 +538,6 @@ impl ClientBuilder {
         } else {
             IdempotencyKeyLayer::new().methods([])
         };
-
-        let transport = self.transport.body_idle_timeout(self.body_idle).build()?;
 
         let backoff = BackoffLayer::try_new(backoff)?;
         let classify = ClassifyLayer::new(self.classifier);
