@@ -3,6 +3,13 @@
 //! server, the concurrency permit comes back at once (a queued request
 //! proceeds), and no task is left behind.
 //!
+//! The stages: waiting for a concurrency permit, waiting for an adaptive
+//! slot, connecting (a listener with a full accept queue), the TLS
+//! handshake, waiting for the response head (HTTP/1.1, and HTTP/2 where
+//! hyper runs a task per request), a backoff sleep, held at the Retry-After
+//! gate, reading the body (HTTP/1.1 and HTTP/2); then a
+//! `CancellationToken` attached with [`rebound::Cancel`].
+//!
 //! # How each test proves it
 //!
 //! * **No further attempt**: the [`FaultServer`]'s recorder (requests, and
@@ -41,8 +48,8 @@ use std::time::Duration;
 
 use http_body_util::BodyExt;
 use rebound::{
-    Backoff, Cancel, Client, ClientBuilder, ConcurrencyLimiter, ErrorKind, Jitter, TlsRoots,
-    Verdict,
+    AdaptiveLimiter, Aimd, Backoff, Cancel, Client, ClientBuilder, ConcurrencyLimiter, ErrorKind,
+    Jitter, TlsRoots, Verdict,
 };
 use rebound_test::fault::{Action, ConnectionAction, FaultServer};
 use tokio::net::{TcpSocket, TcpStream};
@@ -83,6 +90,17 @@ async fn settled_tasks(baseline: usize) -> usize {
         sleep(Duration::from_millis(10)).await;
     }
     alive_tasks()
+}
+
+/// The stage itself runs tasks (connection tasks, hyper's per-stream task
+/// on HTTP/2, the server's side): what the drop must end. Checked so that
+/// "back to the baseline" is not vacuous.
+fn tasks_during_the_stage(baseline: usize) {
+    let during = alive_tasks();
+    assert!(
+        during > baseline,
+        "the stage runs no task: {during} alive, baseline {baseline}"
+    );
 }
 
 /// Polls `fut` in this task until `reached` holds (checked every 5 ms, for
@@ -288,6 +306,7 @@ async fn drop_during_the_tls_handshake() {
     let mut follower = Box::pin(client.get(healthy.url("/next")));
     drive_until(&mut follower, "queued", || limiter.queued() == 1).await;
 
+    tasks_during_the_stage(baseline);
     drop(dropped);
     assert_eq!(settled_tasks(baseline).await, baseline);
     let took = follower_completes(&mut follower, PROMPT, &limiter).await;
@@ -321,6 +340,7 @@ async fn drop_while_waiting_for_headers() {
     let mut follower = Box::pin(client.get(server.url("/next")));
     drive_until(&mut follower, "queued", || limiter.queued() == 1).await;
 
+    tasks_during_the_stage(baseline);
     drop(dropped);
     assert_eq!(settled_tasks(baseline).await, baseline);
     let took = follower_completes(&mut follower, PROMPT, &limiter).await;
@@ -463,6 +483,7 @@ async fn drop_while_reading_the_body() {
     let mut follower = Box::pin(client.get(server.url("/next")));
     drive_until(&mut follower, "queued", || limiter.queued() == 1).await;
 
+    tasks_during_the_stage(baseline);
     drop(reading);
     assert_eq!(settled_tasks(baseline).await, baseline);
     let took = follower_completes(&mut follower, PROMPT, &limiter).await;
@@ -526,5 +547,160 @@ async fn a_cancellation_token_ends_the_attempt_and_is_never_retried() {
     assert_eq!(server.requests_to("/slow").len(), 1, "never retried");
 
     drop(client);
+    assert_eq!(settled_tasks(servers_only).await, servers_only);
+}
+
+#[tokio::test]
+async fn drop_while_waiting_for_an_adaptive_slot() {
+    let server = FaultServer::builder()
+        .route("/hold", [Action::never_respond()])
+        .start()
+        .await;
+    let servers_only = alive_tasks();
+    // The adaptive limit pinned at one attempt in flight (no concurrency
+    // limit): the slot is held until the response head.
+    let adaptive = Arc::new(
+        AdaptiveLimiter::new(Aimd::default().min_limit(1).initial_limit(1).max_limit(1)).unwrap(),
+    );
+    let client = Client::builder()
+        .total_timeout(STAGE * 3)
+        .attempt_timeout(STAGE + Duration::from_secs(10))
+        .adaptive_limiter(adaptive.clone())
+        .build()
+        .unwrap();
+
+    let mut holder = Box::pin(client.get(server.url("/hold")));
+    drive_until(&mut holder, "holder at the server", || {
+        server.request_count() == 1
+    })
+    .await;
+    // The holder's connection is open on both sides, and stays so.
+    let baseline = alive_tasks();
+
+    let mut dropped = Box::pin(client.get(server.url("/dropped")));
+    drive_until(&mut dropped, "queued for a slot", || adaptive.queued() == 1).await;
+    let mut follower = Box::pin(client.get(server.url("/next")));
+    drive_until(&mut follower, "queued behind it", || adaptive.queued() == 2).await;
+
+    drop(dropped);
+    assert_eq!(
+        adaptive.queued(),
+        1,
+        "the dropped attempt left the queue at once"
+    );
+    assert_eq!(settled_tasks(baseline).await, baseline);
+
+    // The holder gives its slot back (neutral outcome); FIFO: it goes to the
+    // follower, not to the dropped attempt.
+    drop(holder);
+    let res = timeout(PROMPT, &mut follower)
+        .await
+        .expect("the follower proceeds at once")
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    res.into_body().collect().await.unwrap();
+    assert_eq!(adaptive.available(), 1);
+    assert_eq!(adaptive.current_limit(), 1);
+
+    sleep(Duration::from_secs(1)).await;
+    assert!(server.requests_to("/dropped").is_empty());
+
+    drop((follower, client));
+    assert_eq!(settled_tasks(servers_only).await, servers_only);
+}
+
+/// A client of `server` (TLS) whose pool holds one idle HTTP/2 connection.
+async fn warm_h2_client(server: &FaultServer, limiter: &Arc<ConcurrencyLimiter>) -> Client {
+    let client = patient(limiter)
+        .tls_roots(TlsRoots::Custom(server.root_store().unwrap()))
+        .build()
+        .unwrap();
+    let warm = client.get(server.url("/warm")).await.unwrap();
+    assert_eq!(warm.version(), http::Version::HTTP_2);
+    warm.into_body().collect().await.unwrap();
+    sleep(Duration::from_millis(100)).await;
+    client
+}
+
+/// On HTTP/2 hyper spawns a task per request (it waits for the response
+/// stream): dropping the caller's future must end it, and reset the stream
+/// (the connection stays, multiplexed).
+#[tokio::test]
+async fn drop_while_waiting_for_headers_over_http2() {
+    let server = FaultServer::builder()
+        .tls()
+        .route("/dropped", [Action::never_respond()])
+        .start()
+        .await;
+    let servers_only = alive_tasks();
+    let limiter = limit_one();
+    let client = warm_h2_client(&server, &limiter).await;
+    // One idle HTTP/2 connection, which the dropped request shares.
+    let baseline = alive_tasks();
+
+    let mut dropped = Box::pin(client.get(server.url("/dropped")));
+    drive_until(&mut dropped, "request at the server", || {
+        server.request_count() == 2
+    })
+    .await;
+    let mut follower = Box::pin(client.get(server.url("/next")));
+    drive_until(&mut follower, "queued", || limiter.queued() == 1).await;
+
+    tasks_during_the_stage(baseline);
+    drop(dropped);
+    assert_eq!(settled_tasks(baseline).await, baseline);
+    let took = follower_completes(&mut follower, PROMPT, &limiter).await;
+    println!("headers stage (h2): follower completed {took:?} after the drop");
+
+    sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        server.requests_to("/dropped").len(),
+        1,
+        "no further attempt"
+    );
+    assert_eq!(server.connections(), 1, "one multiplexed connection");
+
+    drop((follower, client));
+    assert_eq!(settled_tasks(servers_only).await, servers_only);
+}
+
+#[tokio::test]
+async fn drop_while_reading_the_body_over_http2() {
+    let server = FaultServer::builder()
+        .tls()
+        .route("/dropped", [Action::stall_body()])
+        .start()
+        .await;
+    let servers_only = alive_tasks();
+    let limiter = limit_one();
+    let client = warm_h2_client(&server, &limiter).await;
+    let baseline = alive_tasks();
+
+    let res = client.get(server.url("/dropped")).await.unwrap();
+    let mut reading = Box::pin(res.into_body().collect());
+    drive_for(
+        &mut reading,
+        Duration::from_millis(300),
+        "reading a stalled body",
+    )
+    .await;
+    assert_eq!(limiter.available(), 0, "the body holds the permit");
+    let mut follower = Box::pin(client.get(server.url("/next")));
+    drive_until(&mut follower, "queued", || limiter.queued() == 1).await;
+
+    tasks_during_the_stage(baseline);
+    drop(reading);
+    assert_eq!(settled_tasks(baseline).await, baseline);
+    let took = follower_completes(&mut follower, PROMPT, &limiter).await;
+    println!("body stage (h2): follower completed {took:?} after the drop");
+
+    sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        server.requests_to("/dropped").len(),
+        1,
+        "no further attempt"
+    );
+
+    drop((follower, client));
     assert_eq!(settled_tasks(servers_only).await, servers_only);
 }
