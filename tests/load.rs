@@ -103,10 +103,6 @@ async fn ten_thousand_requests_never_exceed_a_limit_of_64() {
     );
     assert_eq!(limiter.available(), LIMIT, "every permit returned");
     assert_eq!(limiter.queued(), 0);
-    assert!(
-        took < Duration::from_secs(60),
-        "far slower than expected: {took:?}"
-    );
 }
 
 #[tokio::test]
@@ -309,9 +305,11 @@ async fn a_retry_after_pauses_that_host_and_no_other() {
     let client = Client::builder().max_attempts(1).build().unwrap();
 
     let busy = client.get(server.url("/busy")).await.unwrap();
-    let closed = Instant::now();
     assert_eq!(busy.status(), 429);
     busy.into_body().collect().await.unwrap();
+    // When the server read the 429'd request: the gate closed after that,
+    // so it opens at least PAUSE later.
+    let asked = server.requests()[0].received_at;
 
     let mut followers = JoinSet::new();
     for i in 0..FOLLOWERS {
@@ -321,22 +319,23 @@ async fn a_retry_after_pauses_that_host_and_no_other() {
             let res = client.get(url).await.unwrap();
             assert_eq!(res.status(), 200);
             res.into_body().collect().await.unwrap();
-            closed.elapsed()
+            Instant::now()
         });
     }
 
     // Another host is not held: it answers while the gate is still closed.
     let res = client.get(other.url("/elsewhere")).await.unwrap();
     assert_eq!(res.status(), 200);
-    let other_took = closed.elapsed();
+    let other_took = asked.elapsed();
     assert_eq!(
         server.request_count(),
         1,
         "the other host answered during the pause"
     );
 
-    // Nothing reaches the paused host during the pause.
-    while closed.elapsed() < PAUSE - Duration::from_millis(200) {
+    // Nothing reaches the paused host during the pause (sampled here; the
+    // arrival times below are the exact check).
+    while asked.elapsed() < PAUSE - Duration::from_millis(300) {
         assert_eq!(server.request_count(), 1, "a request during the pause");
         sleep(Duration::from_millis(20)).await;
     }
@@ -344,28 +343,27 @@ async fn a_retry_after_pauses_that_host_and_no_other() {
     let mut waited = Vec::with_capacity(FOLLOWERS);
     timeout(Duration::from_secs(30), async {
         while let Some(w) = followers.join_next().await {
-            waited.push(w.unwrap());
+            waited.push(w.unwrap() - asked);
         }
     })
     .await
     .expect("the followers go once the pause is over");
     let (lo, hi) = (*waited.iter().min().unwrap(), *waited.iter().max().unwrap());
     println!(
-        "{FOLLOWERS} requests after a 429 with Retry-After: 2 completed {lo:?}..{hi:?} after it; \
-         another host answered after {other_took:?}"
+        "{FOLLOWERS} requests after a 429 with Retry-After: 2 completed {lo:?}..{hi:?} after the \
+         server read the 429'd request; another host answered {other_took:?} after it"
     );
 
     let requests = server.requests();
     assert_eq!(requests.len(), 1 + FOLLOWERS);
-    let first = requests[0].received_at;
     for r in &requests[1..] {
-        let after = r.received_at - first;
+        let after = r.received_at - asked;
         assert!(
-            after >= PAUSE - Duration::from_millis(100),
+            after >= PAUSE,
             "{} arrived {after:?} after the 429",
             r.target
         );
     }
-    assert!(lo >= PAUSE - Duration::from_millis(100), "{lo:?}");
+    assert!(lo >= PAUSE, "{lo:?}");
     assert!(hi < PAUSE * 10, "{hi:?}");
 }
