@@ -7,7 +7,6 @@
 #![allow(dead_code, unreachable_pub)]
 
 use std::fmt::Write as _;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,16 +16,18 @@ use rebound::{
     Attempts, Backoff, Body, Client, ConcurrencyLimiter, ErrorKind, MinBodyRate, RetryBudget,
     RetryStop, TimeoutStage, TlsRoots,
 };
-use rebound_test::fault::{refused_addr, Action, ConnectionAction, FaultServer};
+use rebound_test::fault::{Action, ConnectionAction, FaultServer};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::time::Instant;
 
 // ===== the client's configuration: short, so the matrix takes seconds =====
 
-/// The total deadline of every call.
-pub const TOTAL: Duration = Duration::from_secs(2);
-/// Per attempt, to the response head.
-pub const ATTEMPT: Duration = Duration::from_millis(300);
+/// The total deadline of every call: room for three headers timeouts.
+pub const TOTAL: Duration = Duration::from_secs(3);
+/// Per attempt, to the response head: three times the connect and TLS
+/// timeouts, so that on a loaded machine a hung handshake still ends at its
+/// own stage, not at the attempt's.
+pub const ATTEMPT: Duration = Duration::from_millis(600);
 /// TCP connect.
 pub const CONNECT: Duration = Duration::from_millis(200);
 /// TLS handshake.
@@ -35,11 +36,11 @@ pub const TLS: Duration = Duration::from_millis(200);
 /// write interval (100 ms), so a trickle is judged by its rate, not as idle.
 pub const BODY_IDLE: Duration = Duration::from_millis(400);
 /// The minimum body rate: 1000 B/s over windows of 200 ms, judged after a
-/// grace of 500 ms, so it first judges at 700 ms — after a stall has been
-/// caught as idle (400 ms), long before the deadline (2 s).
+/// grace of 1 s, so it first judges at 1.2 s — three times the idle timeout
+/// that catches a stall (400 ms), well before the deadline (3 s).
 pub fn min_body_rate() -> MinBodyRate {
     MinBodyRate::new(1000, Duration::from_millis(200))
-        .and_then(|r| r.grace(Duration::from_millis(500)))
+        .and_then(|r| r.grace(Duration::from_secs(1)))
         .expect("a valid rate")
 }
 /// Retry-After is honoured up to this (the servers ask for 1 s).
@@ -356,7 +357,10 @@ pub struct CellReport {
 /// The thing the client talks to in one cell.
 enum Target {
     Server(FaultServer),
-    Refused(SocketAddr),
+    /// A socket bound to a port and not listening: connects to it are
+    /// refused, and no other server can take the port meanwhile (the cells
+    /// start dozens of servers at once).
+    Refused(TcpSocket),
     /// A listener whose accept queue is full, and the connection filling it.
     Hang(tokio::net::TcpListener, Vec<TcpStream>),
 }
@@ -365,7 +369,13 @@ impl Target {
     async fn start(fault: Fault) -> Target {
         let server = FaultServer::builder();
         let server = match fault {
-            Fault::Refused => return Target::Refused(refused_addr().expect("a loopback port")),
+            Fault::Refused => {
+                let socket = TcpSocket::new_v4().expect("socket");
+                socket
+                    .bind((std::net::Ipv4Addr::LOCALHOST, 0).into())
+                    .expect("bind");
+                return Target::Refused(socket);
+            }
             Fault::ConnectHang => return hanging_listener().await,
             Fault::TlsHang => server
                 .tls()
@@ -394,7 +404,7 @@ impl Target {
     fn base(&self) -> String {
         match self {
             Target::Server(s) => s.url(""),
-            Target::Refused(addr) => format!("http://{addr}"),
+            Target::Refused(s) => format!("http://{}", s.local_addr().expect("bound")),
             Target::Hang(l, _) => format!("http://{}", l.local_addr().expect("bound")),
         }
     }
