@@ -161,9 +161,9 @@ fn client_max_attempts() -> u32 {
 fn builder(roots: &rustls::RootCertStore) -> ClientBuilder {
     Client::builder()
         .total_timeout(Duration::from_secs(5))
-        .attempt_timeout(Duration::from_millis(500))
-        .connect_timeout(Duration::from_millis(300))
-        .tls_timeout(Duration::from_millis(300))
+        .attempt_timeout(Duration::from_millis(600))
+        .connect_timeout(Duration::from_millis(200))
+        .tls_timeout(Duration::from_millis(200))
         .body_idle_timeout(Duration::from_millis(500))
         .max_attempts(client_max_attempts())
         .backoff(Backoff::exponential(
