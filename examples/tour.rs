@@ -411,7 +411,7 @@ async fn tour() {
     );
     println!(
         "secret: {leaks_in_logs} occurrence(s) in {} log lines ({log_lines} shown above) and in the \
-         captured spans and fields; {leaks_in_errors} in {} error messages (Display and Debug)",
+         captured event fields; {leaks_in_errors} in {} error messages (Display and Debug)",
         all_logs.lines().filter(|l| !l.starts_with("(...")).count(),
         t.error_texts.len()
     );
