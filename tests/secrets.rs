@@ -69,6 +69,14 @@ async fn the_secret_never_appears_in_logs_or_errors() {
             "nothing captured from {target}"
         );
     }
+    // rustls logs through `log`: bridged events carry the original target
+    // in a `log.target` field.
+    assert!(
+        capture.events().iter().any(|e| e
+            .field("log.target")
+            .is_some_and(|t| t.starts_with("rustls"))),
+        "nothing captured from rustls through the log bridge"
+    );
     assert!(capture.count("request failed; giving up") > 0);
     assert!(capture.count("attempt failed; retryable") > 0);
     // The requests were named in the logs, without their secrets.
