@@ -197,19 +197,6 @@ const fn retried(end: End) -> Expect {
 const fn not_eligible(end: End) -> Expect {
     x(1, end, NOT_ELIGIBLE)
 }
-/// One attempt, judged fatal: what the stack does today with a connection
-/// closed before any response byte. hyper reports it as an incomplete
-/// message with no `io::Error` in its chain, the transport marks it
-/// `MaybeProcessed`, and `HttpClassifier` only retries a `Transport` error
-/// that has an `io::Error` or is `NotSent`. A close without a response is
-/// the classic stale keep-alive / crashed-server case that peers retry for
-/// idempotent requests; the spec should be `retried(Fails(Transport))` for
-/// GET and POST + key and `not_eligible` for POST without key. Reported to
-/// the integrator (fix belongs in `classify.rs` or the transport's error
-/// mapping, not in this test).
-const fn fatal_today(end: End) -> Expect {
-    x(1, end, Some(RetryStop::Fatal))
-}
 /// One attempt whose head was a 200: nothing to retry; the body fails later.
 const fn body_fails(kind: ErrorKind) -> Expect {
     x(1, BodyFails(kind), None)
@@ -301,9 +288,9 @@ pub const MATRIX: [(Fault, [Expect; 3]); 12] = [
     (
         Fault::CloseWithoutResponse,
         [
-            fatal_today(Fails(Transport)),
-            fatal_today(Fails(Transport)),
-            fatal_today(Fails(Transport)),
+            retried(Fails(Transport)),
+            not_eligible(Fails(Transport)),
+            retried(Fails(Transport)),
         ],
     ),
     (

@@ -46,8 +46,12 @@
 //!
 //! When the transport knows whether the request reached the server it says
 //! so with a [`Sent`] value in the error's extensions; that answer overrides
-//! the table above for every retryable error kind (and makes a `Transport`
-//! error marked [`Sent::NotSent`] retryable).
+//! the table above for every retryable error kind, and makes a `Transport`
+//! error retryable with that answer (hyper's "connection closed before
+//! message completed" carries no `io::Error`; the transport marks it
+//! `MaybeProcessed`, so a GET is retried and a POST without a key is not).
+//! A `Transport` error with neither an `io::Error` nor a `Sent` answer is
+//! `Fatal`.
 //!
 //! Any `Fn(&Result<Response<B>, Error>) -> Verdict` is a classifier too:
 //!
@@ -282,7 +286,11 @@ fn classify_error(err: &Error) -> Verdict {
         ErrorKind::Transport => match (classify_io(err), explicit) {
             (Some((reason, sent)), _) => (reason, sent),
             (None, Some(Sent::NotSent)) => ("not sent", Sent::NotSent),
-            (None, _) => return fatal("transport error"),
+            // The transport judged it (e.g. hyper's "connection closed
+            // before message completed", which carries no io::Error): a
+            // transient failure after the request may have been written.
+            (None, Some(Sent::MaybeProcessed)) => ("transport error", Sent::MaybeProcessed),
+            (None, None) => return fatal("transport error"),
         },
         ErrorKind::Cancelled => return fatal("cancelled"),
         ErrorKind::Rejected => return fatal("rejected"),
@@ -596,6 +604,14 @@ mod tests {
         let v = err_verdict(e);
         assert_eq!(v.sent(), Some(Sent::NotSent));
         assert_eq!(v.reason().unwrap().as_str(), "not sent");
+
+        // A transport error the transport judged "maybe processed" (hyper's
+        // incomplete message, no io::Error inside) is retryable as such;
+        // without any judgement it stays fatal.
+        let mut e = Error::new(ErrorKind::Transport);
+        e.extensions_mut().insert(Sent::MaybeProcessed);
+        assert_eq!(err_verdict(e).sent(), Some(Sent::MaybeProcessed));
+        assert!(err_verdict(Error::new(ErrorKind::Transport)).is_fatal());
 
         // Sent does not make a fatal kind retryable.
         let mut e = Error::new(ErrorKind::Cancelled);
