@@ -295,14 +295,12 @@ where
                 if let Poll::Ready(result) = future.poll(cx) {
                     let request = this.request.take().expect("polled after completion");
                     return Poll::Ready(match result {
-                        Ok(res) => {
-                            Ok(res.map(|body| DeadlineBody {
-                                inner: body,
-                                sleep: sleep.take(),
-                                deadline: *deadline,
-                                request: Some(request),
-                            }))
-                        }
+                        Ok(res) => Ok(res.map(|body| DeadlineBody {
+                            inner: body,
+                            sleep: sleep.take(),
+                            deadline: *deadline,
+                            request: Some(request),
+                        })),
                         Err(e) => Err(request.name(Error::from_boxed(e.into()))),
                     });
                 }
