@@ -320,6 +320,25 @@ pub(crate) fn run(mode: Mode) -> Result<Checks, BoxError> {
         "the bare service allocates nothing per request",
         allocs[0].median() < 0.01,
     );
+    // Exact counts, not timings: every rebound layer alone but the deadline
+    // (which inserts its `Deadline` annotation) allocates nothing on the
+    // happy path.
+    let alone: Vec<&str> = cols
+        .iter()
+        .enumerate()
+        .filter(|(i, c)| {
+            let name = c.name();
+            name.starts_with("rebound: ")
+                && name.contains(" alone")
+                && !name.contains("Deadline")
+                && allocs[*i].median() >= 0.01
+        })
+        .map(|(_, c)| c.name())
+        .collect();
+    checks.check(
+        format!("each rebound layer alone but the deadline allocates nothing per request (offenders: {alone:?})"),
+        alone.is_empty(),
+    );
     checks.print();
     Ok(checks)
 }
