@@ -12,10 +12,9 @@
 //! answers 503 to the rest. Each client retries every 503 after its
 //! backoff's delay, up to `max_attempts` attempts.
 //!
-//! The backoff is a reference implementation ([`RefBackoff`]) behind the
-//! small [`HerdBackoff`] trait, so that rebound's own `Backoff`
-//! (`Backoff::exponential(base, cap).jitter(Jitter::…)`) can be added as
-//! more rows with a few lines once it is on main.
+//! Each backoff sits behind the small [`HerdBackoff`] trait: a reference
+//! implementation ([`RefBackoff`], AWS's modes) and rebound's own `Backoff`
+//! (`Backoff::exponential(base, cap).jitter(Jitter::…)`), one row per mode.
 
 use std::convert::Infallible;
 use std::future::ready;
@@ -54,8 +53,8 @@ pub(crate) enum RefJitter {
     Decorrelated,
 }
 
-/// The reference exponential backoff with jitter, until rebound's `Backoff`
-/// replaces it.
+/// The reference exponential backoff with jitter, beside rebound's
+/// `Backoff`.
 #[derive(Debug)]
 pub(crate) struct RefBackoff {
     base: Duration,
