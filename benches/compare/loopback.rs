@@ -90,6 +90,55 @@ where
     }
 }
 
+/// rebound's ready-made client, used the usual way: `client.send(req)`,
+/// then the body read to its end. Counts attempts and retries the budget
+/// refused (for the outage section) from the final response's annotations.
+#[derive(Debug, Clone)]
+pub(crate) struct Rebound {
+    pub(crate) client: rebound::Client,
+    pub(crate) counters: Option<std::sync::Arc<ReboundCounters>>,
+}
+
+/// What [`Rebound`] saw on final responses.
+#[derive(Debug, Default)]
+pub(crate) struct ReboundCounters {
+    /// Attempts beyond the first (`Attempts` on the final response).
+    pub(crate) retries: std::sync::atomic::AtomicU64,
+    /// Requests whose last failed attempt could have been retried but the
+    /// retry budget said no (`RetryStop::Budget` on the final response).
+    pub(crate) refused: std::sync::atomic::AtomicU64,
+}
+
+impl Rebound {
+    pub(crate) fn new(client: rebound::Client) -> Self {
+        Rebound {
+            client,
+            counters: None,
+        }
+    }
+}
+
+impl Sender for Rebound {
+    async fn send<'a>(&'a mut self, t: &'a Target) -> Result<StatusCode, BoxError> {
+        let mut req = Request::new(rebound::Body::empty());
+        *req.uri_mut() = t.uri.clone();
+        let res = self.client.send(req).await?;
+        let status = res.status();
+        if let Some(c) = &self.counters {
+            use std::sync::atomic::Ordering::Relaxed;
+            let attempts = rebound::annotations::Attempts::of(res.extensions());
+            c.retries.fetch_add(u64::from(attempts - 1), Relaxed);
+            if res.extensions().get::<rebound::annotations::RetryStop>()
+                == Some(&rebound::annotations::RetryStop::Budget)
+            {
+                c.refused.fetch_add(1, Relaxed);
+            }
+        }
+        drain(res.into_body()).await?;
+        Ok(status)
+    }
+}
+
 /// reqwest, used the usual way: `client.get(url).send().await?.bytes()`.
 #[derive(Debug, Clone)]
 pub(crate) struct Reqwest(pub(crate) reqwest::Client);
@@ -199,9 +248,6 @@ pub(crate) fn column<C: Sender>(name: &str, client: C) -> Box<dyn Column> {
     })
 }
 
-/// rebound's columns, added once its client is on main.
-const REBOUND_PENDING: &[&str] = &["rebound::Client (defaults)"];
-
 fn columns() -> Result<Vec<Box<dyn Column>>, BoxError> {
     // Each column has its own client and so its own connection pool: a
     // shared pool would hand one column the connection another just warmed.
@@ -235,7 +281,10 @@ fn columns() -> Result<Vec<Box<dyn Column>>, BoxError> {
             "reqwest-middleware + reqwest-retry (1+3)",
             ReqwestMw(reqwest_retry_client(3)?),
         ),
-        // rebound: column("rebound::Client (defaults)", Tower(rebound::Client::builder().build()?)),
+        column(
+            "rebound::Client (defaults)",
+            Rebound::new(rebound::Client::builder().build()?),
+        ),
     ])
 }
 
@@ -381,9 +430,6 @@ pub(crate) fn run(mode: Mode) -> Result<Checks, BoxError> {
             f(cpu[i].ratio_to(&cpu[0]), 3),
             f(allocs[i].median(), 1),
         ]);
-    }
-    for name in REBOUND_PENDING.iter().filter(|n| mode.keeps(n)) {
-        table.pending(name);
     }
     table.print();
 

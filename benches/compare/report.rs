@@ -70,13 +70,6 @@ impl Table {
         self.rows.push(cells);
     }
 
-    /// A row for a column that does not exist yet: its name, then "pending".
-    pub(crate) fn pending(&mut self, name: &str) {
-        let mut cells = vec![name.to_owned()];
-        cells.resize(self.head.len(), "pending".to_owned());
-        self.rows.push(cells);
-    }
-
     pub(crate) fn print(&self) {
         let mut width: Vec<usize> = self.head.iter().map(|h| h.len()).collect();
         for row in &self.rows {

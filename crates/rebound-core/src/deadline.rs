@@ -228,7 +228,8 @@ where
         ResponseFuture {
             kind: Kind::Running {
                 future: self.inner.call(req),
-                sleep: Some(Box::pin(tokio::time::sleep_until(deadline))),
+                sleep: None,
+                deadline,
             },
             request: Some(request),
         }
@@ -243,8 +244,11 @@ pin_project! {
         Running {
             #[pin]
             future: F,
-            // Boxed so that it can move into the response body.
+            // Armed (boxed, so that it can move into the response body)
+            // only once the inner future is pending: an answer that is
+            // there at once costs no allocation and no timer.
             sleep: Option<Pin<Box<Sleep>>>,
+            deadline: Instant,
         },
         Expired,
     }
@@ -281,24 +285,27 @@ where
                 let request = this.request.take().expect("polled after completion");
                 Poll::Ready(Err(request.name(Error::timeout(TimeoutStage::Deadline))))
             }
-            KindProj::Running { future, sleep } => {
+            KindProj::Running {
+                future,
+                sleep,
+                deadline,
+            } => {
                 // The inner outcome first: a result that is there is a real
                 // outcome, even if the deadline passed at the same moment.
                 if let Poll::Ready(result) = future.poll(cx) {
                     let request = this.request.take().expect("polled after completion");
                     return Poll::Ready(match result {
-                        Ok(res) => {
-                            let sleep = sleep.take().expect("polled after completion");
-                            Ok(res.map(|body| DeadlineBody {
-                                inner: body,
-                                sleep,
-                                request: Some(request),
-                            }))
-                        }
+                        Ok(res) => Ok(res.map(|body| DeadlineBody {
+                            inner: body,
+                            sleep: sleep.take(),
+                            deadline: *deadline,
+                            request: Some(request),
+                        })),
                         Err(e) => Err(request.name(Error::from_boxed(e.into()))),
                     });
                 }
-                let timer = sleep.as_mut().expect("polled after completion");
+                let timer =
+                    sleep.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(*deadline)));
                 ready!(timer.as_mut().poll(cx));
                 let request = this.request.take().expect("polled after completion");
                 Poll::Ready(Err(request.name(Error::timeout(TimeoutStage::Deadline))))
@@ -318,7 +325,10 @@ pin_project! {
     pub struct DeadlineBody<B> {
         #[pin]
         inner: B,
-        sleep: Pin<Box<Sleep>>,
+        // Armed when the inner body is first pending (or handed over by the
+        // response future); until then the clock is read instead.
+        sleep: Option<Pin<Box<Sleep>>>,
+        deadline: Instant,
         request: Option<RequestName>,
     }
 }
@@ -328,14 +338,15 @@ impl<B> DeadlineBody<B> {
     pub fn new(body: B, deadline: Instant) -> Self {
         DeadlineBody {
             inner: body,
-            sleep: Box::pin(tokio::time::sleep_until(deadline)),
+            sleep: None,
+            deadline,
             request: None,
         }
     }
 
     /// The deadline.
     pub fn deadline(&self) -> Instant {
-        self.sleep.deadline()
+        self.deadline
     }
 
     /// A reference to the inner body.
@@ -352,7 +363,7 @@ impl<B> DeadlineBody<B> {
 impl<B> fmt::Debug for DeadlineBody<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DeadlineBody")
-            .field("deadline", &self.sleep.deadline())
+            .field("deadline", &self.deadline)
             .field("request", &self.request)
             .finish_non_exhaustive()
     }
@@ -379,10 +390,29 @@ where
         // A body already at its end is not cut; otherwise the deadline is
         // checked first, so that a body whose frames are always ready is cut
         // too.
-        if !this.inner.is_end_stream() && this.sleep.as_mut().poll(cx).is_ready() {
+        let expired = match this.sleep.as_mut() {
+            Some(sleep) => sleep.as_mut().poll(cx).is_ready(),
+            None => Instant::now() >= *this.deadline,
+        };
+        if expired && !this.inner.is_end_stream() {
             return Poll::Ready(Some(Err(name(Error::timeout(TimeoutStage::Deadline)))));
         }
-        match ready!(this.inner.poll_frame(cx)) {
+        let frame = match this.inner.poll_frame(cx) {
+            Poll::Ready(frame) => frame,
+            Poll::Pending => {
+                // Waiting on the inner body: arm the timer so that the
+                // deadline wakes this task.
+                let deadline = *this.deadline;
+                let sleep = this
+                    .sleep
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+                if sleep.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Some(Err(name(Error::timeout(TimeoutStage::Deadline)))));
+                }
+                return Poll::Pending;
+            }
+        };
+        match frame {
             Some(Ok(frame)) => Poll::Ready(Some(Ok(frame))),
             Some(Err(e)) => Poll::Ready(Some(Err(name(Error::from_boxed(e.into()))))),
             None => Poll::Ready(None),

@@ -244,7 +244,15 @@ impl fmt::Debug for HeaderAllowList {
 /// `Sensitive`. The same step as tower-http's `SetSensitiveRequestHeaders`,
 /// without the dependency.
 pub fn set_sensitive<'a>(headers: &mut HeaderMap, names: impl IntoIterator<Item = &'a HeaderName>) {
+    // `HeaderMap::entry` reserves room first, so on an empty map it
+    // allocates even when the name is absent: look before taking an entry.
+    if headers.is_empty() {
+        return;
+    }
     for name in names {
+        if !headers.contains_key(name) {
+            continue;
+        }
         if let Entry::Occupied(mut entry) = headers.entry(name) {
             for value in entry.iter_mut() {
                 value.set_sensitive(true);
