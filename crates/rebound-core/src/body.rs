@@ -1,10 +1,13 @@
 //! Request bodies that can be sent again.
 //!
 //! A retry needs the request body a second time. [`ReplayableBody`] is how the
-//! retry layer asks a body for a copy: bodies already in memory (`Full`,
-//! `Empty`, `String`) answer with a cheap clone (a reference count,
-//! never a copy of the bytes); a body that cannot be replayed answers `None`,
-//! and the request is then not retried.
+//! retry layer asks a body for a copy: bodies already in memory answer with
+//! a clone — `Full<Bytes>` and `Empty` cheaply (a reference count, never a
+//! copy of the bytes), `String` by copying it (prefer `Full<Bytes>` for large
+//! bodies); a streamed body is replayable once wrapped in
+//! [`ReplayBody`](crate::replay::ReplayBody), which records it up to a cap; a
+//! body that cannot be replayed answers `None`, and the request is then not
+//! retried.
 //!
 //! ```
 //! use bytes::Bytes;
