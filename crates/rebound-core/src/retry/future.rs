@@ -16,8 +16,8 @@ use tower_service::Service;
 
 use super::policy::RetryPolicy;
 use crate::annotations::{
-    Attempt, Attempts, BudgetLeft, DelaySource, PreviousAttempt, ProposedDelay, Reason,
-    RetryAfterHint, RetryStop, Sent, Verdict,
+    Attempt, Attempts, BudgetLeft, DelaySource, LimiterState, PreviousAttempt, ProposedDelay,
+    Reason, RetryAfterHint, RetryStop, Sent, Verdict,
 };
 use crate::body::ReplayableBody;
 use crate::error::{BoxError, Error};
@@ -231,7 +231,9 @@ where
             return Decision::Return(self.finish(outcome, Some(RetryStop::Budget)));
         }
         let verdict = Verdict::of(ext).into_owned();
-        let Some(next) = self.next_request(n, verdict.clone(), hint, proposed, body) else {
+        let limiter = ext.get::<LimiterState>().copied();
+        let Some(next) = self.next_request(n, verdict.clone(), hint, proposed, limiter, body)
+        else {
             // Unreachable: `replay_body` answered, so there is a template.
             return Decision::Return(self.finish(outcome, Some(RetryStop::NotReplayable)));
         };
@@ -264,13 +266,16 @@ where
     }
 
     /// The request for attempt `n + 1`: `body` (a fresh copy), the template
-    /// head, `Attempt` and `PreviousAttempt`.
+    /// head, `Attempt`, `BudgetLeft`, `PreviousAttempt` and the last
+    /// attempt's `LimiterState` (so that the trace layer's `retrying` event
+    /// can show the limiter the retry was decided under).
     fn next_request(
         &self,
         n: u32,
         verdict: Verdict,
         retry_after: Option<Duration>,
         delay: ProposedDelay,
+        limiter: Option<LimiterState>,
         body: B,
     ) -> Option<Request<B>> {
         let (parts, _) = self.template.as_ref()?;
@@ -284,6 +289,9 @@ where
             retry_after,
             delay: Some(delay),
         });
+        if let Some(limiter) = limiter {
+            ext.insert(limiter);
+        }
         Some(req)
     }
 }

@@ -76,7 +76,9 @@
 //!
 //! Every attempt after the first carries [`Attempt(n)`](crate::Attempt) and a
 //! [`PreviousAttempt`](crate::PreviousAttempt) (verdict, Retry-After hint,
-//! the delay waited). The body of each attempt is a fresh
+//! the delay waited), [`BudgetLeft`](crate::BudgetLeft) and the failed
+//! attempt's [`LimiterState`](crate::LimiterState) if it had one; the trace
+//! layer's INFO `retrying` event is made from them. The body of each attempt is a fresh
 //! [`ReplayableBody::try_replay`]
 //! copy; a body that cannot be replayed is sent once and not retried
 //! ([`RetryStop::NotReplayable`](crate::RetryStop::NotReplayable), verdict
