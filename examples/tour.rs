@@ -124,18 +124,19 @@ impl Tour {
     }
 
     /// The delays waited before attempts 2.., and who chose them, from the
-    /// INFO events of the attempts that were retried.
+    /// INFO `retrying` events (one per retry, when the retried attempt
+    /// starts).
     fn delays(&self, attempts: u32) -> String {
         let mut out = Vec::new();
         for e in self.capture.events() {
-            if e.message() != Some("attempt failed; retryable") {
+            if e.message() != Some("retrying") {
                 continue;
             }
             let n: u32 = e
                 .field("rebound.attempt")
                 .and_then(|a| a.parse().ok())
                 .unwrap_or(0);
-            if n == 0 || n >= attempts {
+            if n < 2 || n > attempts {
                 continue;
             }
             if let (Some(ms), Some(src)) =
@@ -341,12 +342,15 @@ async fn tour() {
         },
         elapsed: calls.iter().map(|r| r.elapsed).sum(),
         logs: {
-            // The first two calls' lines; the others look like the second.
+            // The first two calls' lines; the others look like the second
+            // (refused by the budget: no retry, so no INFO, only the WARN).
             let mut logs = calls[0].logs.clone() + &calls[1].logs;
             let more: usize = calls[2..].iter().map(|r| r.logs.lines().count()).sum();
-            logs.push_str(&format!(
-                "(... {more} more lines like the last two, one pair per call)\n"
-            ));
+            let like = match calls[1].logs.lines().count() {
+                1 => "the last one, one per call".to_owned(),
+                n => format!("the last {n}, {n} per call"),
+            };
+            logs.push_str(&format!("(... {more} more lines like {like})\n"));
             logs
         },
     });

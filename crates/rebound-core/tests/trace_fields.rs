@@ -1,6 +1,7 @@
 //! The trace layers record the OpenTelemetry HTTP-client fields and
 //! rebound's own, at the documented levels: a first-try success emits
-//! nothing above DEBUG, a retryable attempt is INFO, giving up is WARN, and
+//! nothing above DEBUG, a retry is INFO (and only a retry that happens),
+//! giving up is WARN, and
 //! `http.request.resend_count` appears only on attempts after the first.
 
 mod trace_support;
@@ -146,16 +147,47 @@ async fn retries_are_info_with_delay_and_source_and_resend_count_only_after_the_
     assert_eq!(third.field("rebound.verdict"), Some("success"));
     assert_eq!(third.field("error.type"), None);
 
-    let retryable = events_with(&capture, "attempt failed; retryable");
-    assert_eq!(retryable.len(), 2);
-    assert!(retryable.iter().all(|e| e.level == Level::INFO));
+    // One INFO `retrying` per retry, when the retried attempt starts, with
+    // why the previous one failed and the wait just made.
+    let retrying = events_with(&capture, "retrying");
+    assert_eq!(retrying.len(), 2);
+    assert!(retrying.iter().all(|e| e.level == Level::INFO));
+    assert!(retrying
+        .iter()
+        .all(|e| e.span.as_deref() == Some("http.client.attempt")));
+    let fields = |e: &CapturedEvent| {
+        [
+            "rebound.attempt",
+            "http.request.resend_count",
+            "rebound.reason",
+            "rebound.sent",
+            "rebound.delay_ms",
+            "rebound.delay_source",
+        ]
+        .map(|f| e.field(f).map(str::to_owned))
+    };
+    let expect = |v: [&str; 6]| v.map(|f| Some(f.to_owned()));
     assert_eq!(
-        retryable[1].field("rebound.delay_source"),
-        Some("retry_after")
+        fields(&retrying[0]),
+        expect(["2", "1", "connect refused", "not_sent", "100", "backoff"])
     );
-    assert_eq!(retryable[1].field("rebound.delay_ms"), Some("2000"));
-    assert_eq!(retryable[1].span.as_deref(), Some("http.client.attempt"));
-    assert!(retryable[0]
+    assert_eq!(
+        fields(&retrying[1]),
+        expect([
+            "3",
+            "2",
+            "status 503",
+            "maybe_processed",
+            "2000",
+            "retry_after"
+        ])
+    );
+    // Each attempt's own outcome is a DEBUG event; an error's message is
+    // there.
+    let finished = events_with(&capture, "attempt finished");
+    assert_eq!(finished.len(), 3);
+    assert!(finished.iter().all(|e| e.level == Level::DEBUG));
+    assert!(finished[0]
         .field("error.message")
         .unwrap()
         .starts_with("connect error: connection refused for POST https://api.example.com:8443"));
@@ -190,7 +222,9 @@ async fn giving_up_is_warn_with_the_stop_reason() {
     assert_eq!(span.field("otel.status_code"), Some("ERROR"));
     assert_eq!(span.field("error.type"), Some("503"));
     assert_eq!(span.field("rebound.stop"), Some("attempts"));
-    assert_eq!(events_with(&capture, "attempt failed; retryable").len(), 3);
+    // Three attempts, two retries: no INFO line for the third, which the
+    // loop did not retry.
+    assert_eq!(events_with(&capture, "retrying").len(), 2);
 }
 
 #[tokio::test(start_paused = true)]
@@ -278,7 +312,7 @@ async fn with_spans_off_the_events_name_their_request() {
     let (capture, _) = run(&TraceLayer::new(), &[Step::Unavailable], 2, Level::INFO).await;
     assert!(capture.spans().is_empty());
     let events = capture.events();
-    assert_eq!(events.len(), 3, "{}", capture.text());
+    assert_eq!(events.len(), 2, "{}", capture.text());
     for e in &events {
         assert_eq!(e.span, None);
         assert_eq!(e.field("http.request.method"), Some("POST"));
@@ -286,7 +320,8 @@ async fn with_spans_off_the_events_name_their_request() {
         assert_eq!(e.field("url.path"), Some("/v1/items"));
         assert_eq!(e.field("request_id"), Some("req-42"));
     }
-    assert_eq!(events[2].level, Level::WARN);
+    assert_eq!(events[0].message(), Some("retrying"));
+    assert_eq!(events[1].level, Level::WARN);
 
     // With spans on, the events do not repeat what the span holds.
     let (capture, _) = run(&TraceLayer::new(), &[Step::Unavailable], 2, Level::TRACE).await;
@@ -419,4 +454,91 @@ async fn works_over_a_plain_service_without_retry() {
     let span = request_span(&capture);
     assert_eq!(span.field("server.port"), Some("80"));
     assert_eq!(span.field("request_id"), None);
+}
+
+/// Over the real retry loop: an INFO line means a retry happens. A POST
+/// without idempotency key to a 503 is not retried (`not_eligible`), so it
+/// logs no INFO at all, only WARN giving up; a GET 503 then 200 logs exactly
+/// one INFO `retrying`.
+#[tokio::test(start_paused = true)]
+async fn info_only_for_retries_the_real_loop_makes() {
+    use bytes::Bytes;
+    use http::Method;
+    use http_body_util::Full;
+    use rebound_core::{
+        Backoff, BackoffLayer, ClassifyLayer, HttpClassifier, RetryLayer, RetryPolicy,
+    };
+    use rebound_test::mock::{MockService, Reply};
+
+    async fn run_real(method: Method, mock: &MockService, level: Level) -> Capture {
+        let trace = TraceLayer::new();
+        let svc = tower::ServiceBuilder::new()
+            .layer(trace.clone())
+            .layer(RetryLayer::new(RetryPolicy::default()))
+            .layer(trace.attempt_layer())
+            .layer(BackoffLayer::new(
+                Backoff::exponential(Duration::from_millis(100), Duration::from_secs(10)).seed(1),
+            ))
+            .layer(ClassifyLayer::new(HttpClassifier::default()))
+            .service(mock.clone());
+        let req = Request::builder()
+            .method(method)
+            .uri("http://api.example.com/v1/items?api_key=secret")
+            .header("x-request-id", "req-7")
+            .body(Full::new(Bytes::from_static(b"payload")))
+            .unwrap();
+        let capture = Capture::new();
+        {
+            let _guard = capture.set_default_at(level);
+            let _ = svc.oneshot(req).await;
+        }
+        capture
+    }
+
+    for level in [Level::TRACE, Level::INFO] {
+        // POST, no key, 503: one attempt, not eligible for a retry.
+        let mock = MockService::new().otherwise(Reply::code(503));
+        let capture = run_real(Method::POST, &mock, level).await;
+        assert_eq!(mock.call_count(), 1);
+        let above_debug = capture.events_at_least(Level::INFO);
+        assert_eq!(above_debug.len(), 1, "{level}: {}", capture.text());
+        let w = &above_debug[0];
+        assert_eq!(w.level, Level::WARN);
+        assert_eq!(w.message(), Some("request failed; giving up"));
+        assert_eq!(w.field("rebound.stop"), Some("not_eligible"));
+        assert!(events_with(&capture, "retrying").is_empty());
+
+        // GET 503 then 200: exactly one INFO, the retry.
+        let mock = MockService::new()
+            .respond(Reply::code(503))
+            .respond(Reply::code(200));
+        let capture = run_real(Method::GET, &mock, level).await;
+        assert_eq!(mock.call_count(), 2);
+        let info: Vec<_> = capture
+            .events()
+            .into_iter()
+            .filter(|e| e.level == Level::INFO && e.message() == Some("retrying"))
+            .collect();
+        assert_eq!(info.len(), 1, "{level}: {}", capture.text());
+        let r = &info[0];
+        assert_eq!(r.field("rebound.attempt"), Some("2"));
+        assert_eq!(r.field("rebound.reason"), Some("status 503"));
+        assert_eq!(r.field("rebound.sent"), Some("maybe_processed"));
+        assert_eq!(r.field("rebound.delay_source"), Some("backoff"));
+        assert!(r.field("rebound.delay_ms").is_some());
+        assert!(r.field("rebound.budget_left").is_some());
+        if level == Level::INFO {
+            // Spans off: the event names its request itself.
+            assert_eq!(r.field("http.request.method"), Some("GET"));
+            assert_eq!(r.field("server.address"), Some("api.example.com"));
+            assert_eq!(r.field("url.path"), Some("/v1/items"));
+            assert_eq!(r.field("request_id"), Some("req-7"));
+        }
+        // Nothing WARN: it succeeded; one INFO closing line besides.
+        assert_eq!(capture.max_level(), Some(Level::INFO));
+        assert_eq!(
+            events_with(&capture, "request succeeded after retries").len(),
+            1
+        );
+    }
 }

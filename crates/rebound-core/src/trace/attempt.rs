@@ -12,12 +12,13 @@ use tracing::{Level, Span};
 
 use super::config::{Config, RequestContext};
 use super::future::AttemptFuture;
-use super::{BudgetLeft, TARGET};
-use crate::annotations::Attempt;
+use super::outcome::millis;
+use super::{BudgetLeft, LimiterState, TARGET};
+use crate::annotations::{Attempt, PreviousAttempt};
 use crate::error::{BoxError, Error};
 
 /// Traces each attempt in a child span of the request span, and logs at
-/// INFO every outcome that is retryable.
+/// INFO (`retrying`) every attempt the retry loop makes after the first.
 ///
 /// Put it **directly below the retry layer**: it then sees every attempt
 /// (stamped [`Attempt`]) and, on the way up, the annotations the layers below
@@ -144,20 +145,37 @@ where
                 .insert(name.clone(), HeaderValue::from(attempt));
         }
         let budget_left = req.extensions().get::<BudgetLeft>().map(|b| b.0);
-        #[cfg(feature = "metrics")]
-        if attempt > 1 {
-            let previous = req
-                .extensions()
-                .get::<crate::annotations::PreviousAttempt>();
-            let reason = previous
-                .and_then(|p| p.verdict.reason())
-                .map_or("unknown", |r| r.as_str());
-            let source = previous.and_then(|p| p.delay).map(|d| d.source.as_str());
-            crate::metrics::record_retry(req.method(), reason, source);
-        }
         let span = attempt_span(attempt, budget_left);
-        let ctx = (span.is_disabled() && tracing::level_enabled!(Level::INFO))
-            .then(|| RequestContext::new(cfg, &req));
+        // When spans are off, events name the request themselves; only the
+        // DEBUG `attempt finished` event outlives this call.
+        let context = |level: Level| {
+            (span.is_disabled() && tracing::level_enabled!(level))
+                .then(|| RequestContext::new(cfg, &req))
+        };
+        let ctx = context(Level::DEBUG);
+        // The retry loop stamps `PreviousAttempt` only on an attempt it
+        // decided to make: this is where a retry is known to happen.
+        if let Some(previous) = req.extensions().get::<PreviousAttempt>() {
+            let limiter = req.extensions().get::<LimiterState>();
+            let info_ctx = match &ctx {
+                Some(_) => None,
+                None => context(Level::INFO),
+            };
+            let _entered = span.enter();
+            retrying(
+                attempt,
+                previous,
+                budget_left,
+                limiter,
+                ctx.as_ref().or(info_ctx.as_ref()),
+            );
+            #[cfg(feature = "metrics")]
+            {
+                let reason = previous.verdict.reason().map_or("unknown", |r| r.as_str());
+                let source = previous.delay.map(|d| d.source.as_str());
+                crate::metrics::record_retry(req.method(), reason, source);
+            }
+        }
         let method = req.method().clone();
         let future = {
             let _entered = span.enter();
@@ -187,4 +205,37 @@ fn attempt_span(attempt: u32, budget_left: Option<u32>) -> Span {
         rebound.gate_wait_ms = Empty,
         rebound.elapsed_ms = Empty,
     )
+}
+
+/// The INFO event `retrying`, emitted when attempt `attempt` (> 1) starts:
+/// why the previous attempt failed, how long the retry loop waited and who
+/// chose that delay.
+fn retrying(
+    attempt: u32,
+    previous: &PreviousAttempt,
+    budget_left: Option<u32>,
+    limiter: Option<&LimiterState>,
+    ctx: Option<&RequestContext>,
+) {
+    let verdict = &previous.verdict;
+    let delay = previous.delay.as_ref();
+    tracing::info!(
+        target: TARGET,
+        {
+        rebound.attempt = attempt,
+        http.request.resend_count = attempt.saturating_sub(1),
+        rebound.reason = verdict.reason().map(|r| r.as_str()),
+        rebound.sent = verdict.sent().map(|s| s.as_str()),
+        rebound.delay_ms = delay.map(|d| millis(d.delay)),
+        rebound.delay_source = delay.map(|d| d.source.as_str()),
+        rebound.retry_after_ms = previous.retry_after.map(millis),
+        rebound.budget_left = budget_left,
+        rebound.limiter = limiter.map(tracing::field::display),
+        http.request.method = ctx.map(|c| c.method.as_str()),
+        server.address = ctx.and_then(|c| c.uri.host()),
+        url.path = ctx.map(|c| c.uri.path()),
+        request_id = ctx.and_then(RequestContext::request_id),
+        },
+        "retrying"
+    );
 }

@@ -352,16 +352,12 @@ impl AttemptState {
             span.record("rebound.elapsed_ms", millis(elapsed));
         }
 
-        let retryable = verdict.is_some_and(|v| v.is_retryable());
-        let (level, message) = if retryable {
-            (Level::INFO, "attempt failed; retryable")
-        } else {
-            (Level::DEBUG, "attempt finished")
-        };
+        // Always DEBUG: whether a retryable attempt is retried is the retry
+        // loop's decision, logged at INFO (`retrying`) when the next attempt
+        // starts, or at WARN (`request failed; giving up`) by the request.
         let ctx = self.ctx.as_ref();
         let _entered = span.enter();
-        event_at!(
-            level,
+        tracing::debug!(
             target: TARGET,
             {
             rebound.attempt = self.attempt,
@@ -381,7 +377,7 @@ impl AttemptState {
             url.path = ctx.map(|c| c.uri.path()),
             request_id = ctx.and_then(RequestContext::request_id),
             },
-            "{message}"
+            "attempt finished"
         );
 
         #[cfg(feature = "metrics")]

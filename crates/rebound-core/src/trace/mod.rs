@@ -98,13 +98,27 @@
 //! | what | level |
 //! |---|---|
 //! | the spans | DEBUG |
-//! | an attempt finished, not retryable | DEBUG event `attempt finished` |
-//! | an attempt's outcome is retryable (the retry layer decides whether it retries; the event says how long it proposes to wait and why) | INFO event `attempt failed; retryable` |
+//! | an attempt finished, whatever its outcome | DEBUG event `attempt finished` (with `error.message` for an error) |
+//! | a retry: the retry loop decided to make another attempt | INFO event `retrying` when that attempt starts |
 //! | success on the first attempt | DEBUG event `request finished` |
 //! | success after retries | INFO event `request succeeded after retries` |
 //! | a fatal response (e.g. 404) | DEBUG on the first attempt, INFO after retries |
 //! | giving up: an error, or a response still retryable when the loop stopped | WARN event `request failed; giving up` with `rebound.stop` and `error.message` (the [redacted](crate::Error) `Display`) |
 //! | the caller dropped the future | DEBUG event `request cancelled by the caller` |
+//!
+//! The `retrying` event is emitted by [`AttemptTraceLayer`] when an attempt
+//! starts that carries a [`PreviousAttempt`](crate::PreviousAttempt): the
+//! retry loop stamps one only on an attempt it has decided to make, after
+//! the wait. So an INFO line always means a retry happens; an outcome the
+//! loop does not retry (a POST without idempotency key, the last attempt,
+//! the budget or the deadline) shows only as DEBUG `attempt finished` and
+//! then WARN `request failed; giving up`. Its fields: `rebound.attempt` (the
+//! attempt starting), `http.request.resend_count`, the previous attempt's
+//! `rebound.reason` and `rebound.sent`, `rebound.delay_ms` and
+//! `rebound.delay_source` (the wait just made and who chose it),
+//! `rebound.retry_after_ms` (the server's hint, if any),
+//! `rebound.budget_left`, and `rebound.limiter` (the state the failed
+//! attempt reported, which the retry loop carries over).
 //!
 //! So a success on the first attempt costs a DEBUG span and nothing above
 //! DEBUG. When spans are off (DEBUG disabled), the INFO and WARN events carry
