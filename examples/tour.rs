@@ -397,8 +397,8 @@ async fn tour() {
 
     println!(
         "\n(not_eligible: a POST without an Idempotency-Key is retried only when it provably \
-         never left, like the refused one; the body stall is reported to the caller, after \
-         the call returned its 200 head, so it logs nothing)"
+         never left, like the refused one; the body stall comes after the call returned its \
+         200 head: the caller gets the error, and the trace logs it at WARN)"
     );
 
     // ===== the summary =====

@@ -26,7 +26,7 @@ use rebound::{
     AdaptiveLimitLayer, Aimd, AttemptTimeoutLayer, Backoff, BackoffLayer, CancelLayer,
     ClassifyLayer, CollectBodyLayer, ConcurrencyLimitLayer, DeadlineBody, DeadlineLayer, Error,
     HttpClassifier, IdempotencyKeyLayer, LimitBody, RetryAfterGateLayer, RetryAfterLayer,
-    RetryLayer, RetryPolicy, TraceLayer,
+    RetryLayer, RetryPolicy, TraceBody, TraceLayer,
 };
 use tokio::time::Instant;
 use tower::layer::util::Identity;
@@ -138,7 +138,8 @@ where
 /// two points with `BoxCloneSyncService` (below the retry loop and at the
 /// top; fully nested types make rustc take minutes), so it pays the same
 /// two boxed futures per request the client pays.
-type FullStack = BoxCloneSyncService<Req, Response<DeadlineBody<LimitBody<Empty<Bytes>>>>, Error>;
+type FullStack =
+    BoxCloneSyncService<Req, Response<TraceBody<DeadlineBody<LimitBody<Empty<Bytes>>>>>, Error>;
 
 fn full_stack(inner: Bare) -> FullStack {
     let trace = TraceLayer::new();

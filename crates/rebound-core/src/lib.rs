@@ -96,4 +96,4 @@ pub use crate::limit::{
 };
 
 // --- re-exports: observability ---
-pub use crate::trace::{AttemptTraceLayer, TraceBuilder, TraceLayer};
+pub use crate::trace::{AttemptTraceLayer, TraceBody, TraceBuilder, TraceLayer};

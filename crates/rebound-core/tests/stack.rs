@@ -25,7 +25,7 @@ use rebound_core::limit::{AdaptiveLimitLayer, Aimd, ConcurrencyLimitLayer, Limit
 use rebound_core::replay::ReplayBody;
 use rebound_core::retry::{RetryLayer, RetryPolicy};
 use rebound_core::retry_after::RetryAfterLayer;
-use rebound_core::trace::TraceLayer;
+use rebound_core::trace::{TraceBody, TraceLayer};
 use rebound_core::{Attempts, BoxError, DelaySource, Error, GateWait, LimiterState, RetryStop};
 use rebound_test::capture::Capture;
 use rebound_test::mock::{MockService, Reply};
@@ -106,7 +106,7 @@ fn stack(
     mock: &MockService,
 ) -> impl Service<
     Request<ReqBody>,
-    Response = Response<LimitBody<CollectedBody>>,
+    Response = Response<TraceBody<LimitBody<CollectedBody>>>,
     Error = Error,
     Future: Send,
 > + Clone

@@ -542,3 +542,82 @@ async fn info_only_for_retries_the_real_loop_makes() {
         );
     }
 }
+
+/// A response body that fails after a 200 head (a stall, a truncation) is
+/// logged at WARN `response body failed`, with the error's type and stage;
+/// a body read to its end logs nothing above DEBUG.
+#[tokio::test(start_paused = true)]
+async fn a_body_failure_after_the_head_is_warn() {
+    use std::collections::VecDeque;
+    use std::convert::Infallible;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    use bytes::Bytes;
+    use http_body::Frame;
+    use http_body_util::BodyExt;
+    use rebound_core::{Error, TimeoutStage};
+
+    struct Script(VecDeque<Result<Frame<Bytes>, Error>>);
+    impl http_body::Body for Script {
+        type Data = Bytes;
+        type Error = Error;
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
+            Poll::Ready(self.0.pop_front())
+        }
+    }
+
+    async fn read(fail: bool, level: Level) -> (Capture, bool) {
+        let svc = TraceLayer::new().layer_on(tower::service_fn(move |_req: Request<String>| {
+            let mut frames = VecDeque::new();
+            frames.push_back(Ok(Frame::data(Bytes::from_static(b"partial"))));
+            if fail {
+                frames.push_back(Err(Error::timeout(TimeoutStage::BodyIdle)));
+            }
+            async move { Ok::<_, Infallible>(http::Response::new(Script(frames))) }
+        }));
+        let capture = Capture::new();
+        let ok = {
+            let _guard = capture.set_default_at(level);
+            let res = svc.oneshot(secret_request()).await.unwrap();
+            assert!(res.status().is_success());
+            res.into_body().collect().await.is_ok()
+        };
+        (capture, ok)
+    }
+
+    // Read to its end: nothing above DEBUG.
+    let (capture, ok) = read(false, Level::TRACE).await;
+    assert!(ok);
+    assert_eq!(
+        capture.max_level(),
+        Some(Level::DEBUG),
+        "{}",
+        capture.text()
+    );
+
+    for level in [Level::TRACE, Level::INFO] {
+        let (capture, ok) = read(true, level).await;
+        assert!(!ok);
+        let warn = capture.events_at_least(Level::WARN);
+        assert_eq!(warn.len(), 1, "{level}: {}", capture.text());
+        let w = &warn[0];
+        assert_eq!(w.message(), Some("response body failed"));
+        assert_eq!(w.field("error.type"), Some("timeout"));
+        assert_eq!(w.field("error.stage"), Some("body_idle"));
+        assert!(w.field("error.message").unwrap().starts_with("timeout"));
+        if level == Level::INFO {
+            // Spans off: it names its request itself, without secrets.
+            assert_eq!(w.span, None);
+            assert_eq!(w.field("url.path"), Some("/v1/items"));
+            assert_eq!(w.field("request_id"), Some("req-42"));
+            assert_eq!(w.field("http.request.method"), Some("POST"));
+        } else {
+            assert_eq!(w.span.as_deref(), Some("http.client.request"));
+        }
+        assert_eq!(capture.count(trace_support::SECRET), 0);
+    }
+}

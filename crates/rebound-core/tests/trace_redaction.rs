@@ -8,7 +8,7 @@ use http::header::{
     HeaderName, ACCEPT, AUTHORIZATION, COOKIE, PROXY_AUTHORIZATION, RETRY_AFTER, SET_COOKIE,
 };
 use http::{Request, Response};
-use rebound_core::trace::TraceLayer;
+use rebound_core::trace::{TraceBody, TraceLayer};
 use rebound_core::Error;
 use rebound_test::capture::Capture;
 use tower::ServiceExt;
@@ -153,7 +153,7 @@ async fn debug_of_the_request_below_the_trace_layer_hides_deny_listed_headers() 
         .unwrap();
     // Before the step, `Debug` shows the secret: the assertion below can fail.
     assert!(format!("{req:?}").contains(SECRET));
-    let res: Response<String> = svc.oneshot(req).await.unwrap();
+    let res: Response<TraceBody<String>> = svc.oneshot(req).await.unwrap();
     let seen = inner.seen();
     assert_eq!(seen.len(), 1);
     let shown = &seen[0].request_debug;

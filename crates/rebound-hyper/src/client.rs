@@ -93,7 +93,7 @@ use rebound_core::limit::{
 };
 use rebound_core::retry::{RetryBudget, RetryLayer, RetryPolicy};
 use rebound_core::retry_after::{OverCap, RetryAfterLayer};
-use rebound_core::trace::TraceLayer;
+use rebound_core::trace::{TraceBody, TraceLayer};
 use rebound_core::{Error, ErrorKind, Sent};
 use rustls::ClientConfig;
 use tokio::sync::Semaphore;
@@ -133,8 +133,9 @@ pub const DEFAULT_ADAPTIVE_MAX: usize = 256;
 
 /// The body of a response from [`Client`]: the transport's body (idle and
 /// minimum-rate timeouts), holding its concurrency permit until it ends or
-/// is dropped, under the total deadline.
-pub type ClientBody = DeadlineBody<LimitBody<ResponseBody<Incoming>>>;
+/// is dropped, under the total deadline, and logging a failure at WARN
+/// ([`TraceBody`]).
+pub type ClientBody = TraceBody<DeadlineBody<LimitBody<ResponseBody<Incoming>>>>;
 
 /// The whole stack, outer to inner (see the [module docs](self)), with its
 /// type erased in two places (here and below the retry loop): fourteen
@@ -149,7 +150,7 @@ type AttemptStack = BoxCloneSyncService<Request<Body>, Response<ResponseBody<Inc
 
 /// The body of a response read inside the attempt (the JSON helpers'
 /// stack): already in memory, under the same permit and deadline wrappers.
-pub(crate) type CollectingBody = DeadlineBody<LimitBody<CollectedBody>>;
+pub(crate) type CollectingBody = TraceBody<DeadlineBody<LimitBody<CollectedBody>>>;
 
 /// The second stack, for the JSON helpers: the same layers sharing the same
 /// transport, budget, limiters and gate table, with [`CollectBodyLayer`]

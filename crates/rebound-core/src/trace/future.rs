@@ -11,6 +11,7 @@ use pin_project_lite::pin_project;
 use tokio::time::Instant;
 use tracing::{Level, Span};
 
+use super::body::{BodyWatch, TraceBody};
 use super::config::{Config, RequestContext};
 use super::outcome::{event_at, millis, Outcome};
 use super::TARGET;
@@ -72,7 +73,7 @@ where
     F: Future<Output = Result<Response<B>, E>>,
     E: Into<BoxError>,
 {
-    type Output = Result<Response<B>, Error>;
+    type Output = Result<Response<TraceBody<B>>, Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
@@ -81,10 +82,15 @@ where
             ready!(this.inner.poll(cx))
         };
         let mut result = result.map_err(|e| Error::from_boxed(e.into()));
-        if let Some(state) = this.state.take() {
+        let watch = this.state.take().map(|state| {
             state.finish(&mut result);
-        }
-        Poll::Ready(result)
+            // The body outlives the head: it logs its own failure.
+            BodyWatch {
+                span: state.span,
+                ctx: state.ctx,
+            }
+        });
+        Poll::Ready(result.map(|res| res.map(|body| TraceBody::new(body, watch))))
     }
 }
 
@@ -97,7 +103,7 @@ struct RequestState {
 }
 
 impl RequestState {
-    fn finish<B>(self, result: &mut Result<Response<B>, Error>) {
+    fn finish<B>(&self, result: &mut Result<Response<B>, Error>) {
         let elapsed = self.start.elapsed();
         if let Ok(res) = result {
             self.cfg.deny.mark_sensitive(res.headers_mut());

@@ -83,6 +83,10 @@
 //! | `rebound.budget_left`, `rebound.limiter`, `rebound.gate_wait_ms` | from the [`BudgetLeft`], [`LimiterState`], [`GateWait`] annotations, when present |
 //! | `rebound.elapsed_ms` | time to the response head |
 //!
+//! The response's body is a [`TraceBody`], which holds the request span:
+//! the span closes when the body is dropped, and a body that fails after
+//! the head is logged in it.
+//!
 //! **`http.client.attempt`** (DEBUG), a child per attempt, made by
 //! [`AttemptTraceLayer`]: `rebound.attempt`, `http.request.resend_count`
 //! (attempt − 1, **only** on attempts after the first),
@@ -105,6 +109,7 @@
 //! | a fatal response (e.g. 404) | DEBUG on the first attempt, INFO after retries |
 //! | giving up: an error, or a response still retryable when the loop stopped | WARN event `request failed; giving up` with `rebound.stop` and `error.message` (the [redacted](crate::Error) `Display`) |
 //! | the caller dropped the future | DEBUG event `request cancelled by the caller` |
+//! | the response body failed after its head (stall, reset, truncation, deadline) | WARN event `response body failed` with `error.type`, `error.stage` (a timeout's) and `error.message`, from [`TraceBody`] |
 //!
 //! The `retrying` event is emitted by [`AttemptTraceLayer`] when an attempt
 //! starts that carries a [`PreviousAttempt`](crate::PreviousAttempt): the
@@ -146,6 +151,7 @@
 //! the `metrics` module of this crate.
 
 mod attempt;
+mod body;
 mod config;
 pub mod future;
 mod observe;
@@ -153,6 +159,7 @@ mod outcome;
 mod request;
 
 pub use self::attempt::{AttemptTrace, AttemptTraceLayer};
+pub use self::body::TraceBody;
 pub use self::config::TraceBuilder;
 pub use self::observe::{BudgetLeft, GateWait, LimiterState};
 pub use self::request::{Trace, TraceLayer};

@@ -12,7 +12,7 @@ use tracing::{Level, Span};
 
 use super::config::{self, Config, RequestContext, TraceBuilder};
 use super::future::ResponseFuture;
-use super::{AttemptTraceLayer, TARGET};
+use super::{AttemptTraceLayer, TraceBody, TARGET};
 use crate::error::{BoxError, Error};
 use crate::redact;
 
@@ -135,7 +135,7 @@ where
     S: Service<Request<ReqB>, Response = Response<ResB>>,
     S::Error: Into<BoxError>,
 {
-    type Response = Response<ResB>;
+    type Response = Response<TraceBody<ResB>>;
     type Error = Error;
     type Future = ResponseFuture<S::Future>;
 
