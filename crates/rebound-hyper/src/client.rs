@@ -144,8 +144,65 @@ pub type ClientBody = DeadlineBody<LimitBody<ResponseBody<Incoming>>>;
 /// attempt.
 type Stack = BoxCloneSyncService<Request<Body>, Response<ClientBody>, Error>;
 
-/// The per-attempt part, below the retry loop, erased likewise.
-type AttemptStack = BoxCloneSyncService<Request<Body>, Response<ResponseBody<Incoming>>, Error>;
+/// The per-attempt part, below the retry loop, erased likewise, but shared
+/// (see [`SharedStack`]): the retry layer clones its inner service for every
+/// request, and a `BoxCloneSyncService` allocates on every clone.
+type AttemptStack = SharedStack<Response<ResponseBody<Incoming>>>;
+
+/// The future of one call through a [`SharedStack`].
+type SharedFuture<R> = Pin<Box<dyn Future<Output = Result<R, Error>> + Send>>;
+
+/// A type-erased service whose clones share one copy of the stack behind an
+/// `Arc` (a clone is a reference-count bump, not an allocation). Each call
+/// clones the concrete stack (its state is behind `Arc`s) and drives it with
+/// [`Oneshot`] in the boxed future, so readiness is still asked before the
+/// call. `poll_ready` is always ready: only for stacks whose every layer is
+/// always ready (the attempt stack: each layer forwards `poll_ready`, and the
+/// transport applies no backpressure), so nothing moves from `poll_ready`
+/// into the future.
+struct SharedStack<R> {
+    call: Arc<dyn Fn(Request<Body>) -> SharedFuture<R> + Send + Sync>,
+}
+
+impl<R: 'static> SharedStack<R> {
+    fn new<S>(stack: S) -> Self
+    where
+        S: Service<Request<Body>, Response = R, Error = Error> + Clone + Send + Sync + 'static,
+        S::Future: Send + 'static,
+    {
+        SharedStack {
+            call: Arc::new(move |req| Box::pin(stack.clone().oneshot(req))),
+        }
+    }
+}
+
+impl<R> Clone for SharedStack<R> {
+    fn clone(&self) -> Self {
+        SharedStack {
+            call: Arc::clone(&self.call),
+        }
+    }
+}
+
+impl<R> fmt::Debug for SharedStack<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedStack").finish_non_exhaustive()
+    }
+}
+
+impl<R> Service<Request<Body>> for SharedStack<R> {
+    type Response = R;
+    type Error = Error;
+    type Future = SharedFuture<R>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        (self.call)(req)
+    }
+}
 
 /// The body of a response read inside the attempt (the JSON helpers'
 /// stack): already in memory, under the same permit and deadline wrappers.
