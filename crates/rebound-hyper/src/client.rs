@@ -97,7 +97,7 @@ use rebound_core::trace::TraceLayer;
 use rebound_core::{Error, ErrorKind, Sent};
 use rustls::ClientConfig;
 use tokio::sync::Semaphore;
-use tower::util::{BoxCloneSyncService, Oneshot};
+use tower::util::BoxCloneSyncService;
 use tower::ServiceExt;
 use tower_layer::Layer;
 use tower_service::Service;
@@ -141,8 +141,9 @@ pub type ClientBody = DeadlineBody<LimitBody<ResponseBody<Incoming>>>;
 /// nested generic services send rustc's trait solver into minutes and
 /// gigabytes of work (measured: one erasure point, 3 min 20 s for this
 /// crate; two, 4 s). The price is one boxed future per request and one per
-/// attempt.
-type Stack = BoxCloneSyncService<Request<Body>, Response<ClientBody>, Error>;
+/// attempt. Shared (see [`SharedStack`]), so that [`Client::send`] and a
+/// clone of the client do not allocate a copy of the stack.
+type Stack = SharedStack<Response<ClientBody>>;
 
 /// The per-attempt part, below the retry loop, erased likewise, but shared
 /// (see [`SharedStack`]): the retry layer clones its inner service for every
@@ -155,11 +156,12 @@ type SharedFuture<R> = Pin<Box<dyn Future<Output = Result<R, Error>> + Send>>;
 /// A type-erased service whose clones share one copy of the stack behind an
 /// `Arc` (a clone is a reference-count bump, not an allocation). Each call
 /// clones the concrete stack (its state is behind `Arc`s) and drives it with
-/// [`Oneshot`] in the boxed future, so readiness is still asked before the
-/// call. `poll_ready` is always ready: only for stacks whose every layer is
-/// always ready (the attempt stack: each layer forwards `poll_ready`, and the
-/// transport applies no backpressure), so nothing moves from `poll_ready`
-/// into the future.
+/// [`Oneshot`](tower::util::Oneshot) in the boxed future, so readiness is
+/// still asked before the call. `poll_ready` is always ready: only for
+/// stacks whose every layer is always ready (each rebound layer forwards
+/// `poll_ready`, the concurrency limits wait in their response futures, and
+/// the transport applies no backpressure), so nothing moves from
+/// `poll_ready` into the future.
 struct SharedStack<R> {
     call: Arc<dyn Fn(Request<Body>) -> SharedFuture<R> + Send + Sync>,
 }
@@ -623,7 +625,7 @@ impl ClientBuilder {
             deadline.layer(concurrency.layer(idempotency.layer(retry.layer(collecting_attempts)))),
         ));
         Ok(Client {
-            inner: BoxCloneSyncService::new(stack),
+            inner: Stack::new(stack),
             collecting: BoxCloneSyncService::new(collecting),
             replay_cap: self.replay_cap,
         })
@@ -654,8 +656,9 @@ impl fmt::Debug for Client {
 /// The future of the client's `Service::call`.
 pub type ResponseFuture = Pin<Box<dyn Future<Output = Result<Response<ClientBody>, Error>> + Send>>;
 
-/// The future of [`Client::send`]: readiness, then the call.
-pub type SendFuture = Oneshot<Stack, Request<Body>>;
+/// The future of [`Client::send`]: readiness of the stack, then the call,
+/// in one boxed future (the same type as [`ResponseFuture`]).
+pub type SendFuture = ResponseFuture;
 
 impl Client {
     /// A [`ClientBuilder`] with the defaults.
@@ -669,7 +672,9 @@ impl Client {
     where
         B: Into<Body>,
     {
-        self.inner.clone().oneshot(self.arm(req))
+        // A shared stack is always ready, and each call drives its own copy
+        // of the stack (readiness first), so no clone of `inner` is needed.
+        (self.inner.call)(self.arm(req))
     }
 
     /// The request with its body armed for replay (a no-op for bodies in
@@ -691,7 +696,7 @@ impl Client {
             req
         });
         let inner = self.inner.clone();
-        async move { inner.oneshot(req?).await }
+        async move { (inner.call)(req?).await }
     }
 }
 
