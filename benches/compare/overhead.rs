@@ -13,7 +13,7 @@ use std::convert::Infallible;
 use std::future::{ready, Future, Ready};
 use std::pin::{pin, Pin};
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -155,14 +155,24 @@ struct Shared<R> {
     call: Arc<dyn Fn(Req) -> SharedFuture<R> + Send + Sync>,
 }
 
-impl<R: 'static> Shared<R> {
+impl<R: Send + 'static> Shared<R> {
     fn new<S>(stack: S) -> Self
     where
         S: Service<Req, Response = R, Error = Error> + Clone + Send + Sync + 'static,
         S::Future: Send + 'static,
     {
         Shared {
-            call: Arc::new(move |req| Box::pin(stack.clone().oneshot(req))),
+            call: Arc::new(move |req| {
+                let mut svc = stack.clone();
+                // Every layer of the stack is always ready, so readiness is
+                // asked here without a waker (and without `Oneshot`'s moves);
+                // were it ever pending, the future would wait for it.
+                match svc.poll_ready(&mut Context::from_waker(Waker::noop())) {
+                    Poll::Ready(Ok(())) => Box::pin(svc.call(req)),
+                    Poll::Ready(Err(e)) => Box::pin(std::future::ready(Err(e))),
+                    Poll::Pending => Box::pin(svc.oneshot(req)),
+                }
+            }),
         }
     }
 }

@@ -75,7 +75,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use http::{Request, Response, Uri};
@@ -166,14 +166,24 @@ struct SharedStack<R> {
     call: Arc<dyn Fn(Request<Body>) -> SharedFuture<R> + Send + Sync>,
 }
 
-impl<R: 'static> SharedStack<R> {
+impl<R: Send + 'static> SharedStack<R> {
     fn new<S>(stack: S) -> Self
     where
         S: Service<Request<Body>, Response = R, Error = Error> + Clone + Send + Sync + 'static,
         S::Future: Send + 'static,
     {
         SharedStack {
-            call: Arc::new(move |req| Box::pin(stack.clone().oneshot(req))),
+            call: Arc::new(move |req| {
+                let mut svc = stack.clone();
+                // Every layer of the stack is always ready, so readiness is
+                // asked here without a waker (and without `Oneshot`'s moves);
+                // were it ever pending, the future would wait for it.
+                match svc.poll_ready(&mut Context::from_waker(Waker::noop())) {
+                    Poll::Ready(Ok(())) => Box::pin(svc.call(req)),
+                    Poll::Ready(Err(e)) => Box::pin(std::future::ready(Err(e))),
+                    Poll::Pending => Box::pin(svc.oneshot(req)),
+                }
+            }),
         }
     }
 }
