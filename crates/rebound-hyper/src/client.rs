@@ -97,7 +97,6 @@ use rebound_core::trace::TraceLayer;
 use rebound_core::{Error, ErrorKind, Sent};
 use rustls::ClientConfig;
 use tokio::sync::Semaphore;
-use tower::util::BoxCloneSyncService;
 use tower::ServiceExt;
 use tower_layer::Layer;
 use tower_service::Service;
@@ -162,7 +161,7 @@ type SharedFuture<R> = Pin<Box<dyn Future<Output = Result<R, Error>> + Send>>;
 /// `poll_ready`, the concurrency limits wait in their response futures, and
 /// the transport applies no backpressure), so nothing moves from
 /// `poll_ready` into the future.
-struct SharedStack<R> {
+pub(crate) struct SharedStack<R> {
     call: Arc<dyn Fn(Request<Body>) -> SharedFuture<R> + Send + Sync>,
 }
 
@@ -224,12 +223,13 @@ pub(crate) type CollectingBody = DeadlineBody<LimitBody<CollectedBody>>;
 /// transport, budget, limiters and gate table, with [`CollectBodyLayer`]
 /// right below [`ClassifyLayer`], so that a body cut short is an attempt's
 /// failure. Erased at the same two points as [`Stack`], plus one below the
-/// classifier (the collecting part adds a generic level).
-pub(crate) type CollectingStack =
-    BoxCloneSyncService<Request<Body>, Response<CollectingBody>, Error>;
+/// classifier (the collecting part adds a generic level), all shared (see
+/// [`SharedStack`]: the JSON helpers clone this stack for every call, the
+/// retry layer the attempt part for every request).
+pub(crate) type CollectingStack = SharedStack<Response<CollectingBody>>;
 
 /// The per-attempt part of the collecting stack, erased likewise.
-type CollectingAttemptStack = BoxCloneSyncService<Request<Body>, Response<CollectedBody>, Error>;
+type CollectingAttemptStack = SharedStack<Response<CollectedBody>>;
 
 // ===== impl ClientBuilder =====
 
@@ -636,7 +636,7 @@ impl ClientBuilder {
         ));
         Ok(Client {
             inner: Stack::new(stack),
-            collecting: BoxCloneSyncService::new(collecting),
+            collecting: CollectingStack::new(collecting),
             replay_cap: self.replay_cap,
         })
     }
