@@ -12,6 +12,8 @@
 use std::convert::Infallible;
 use std::future::{ready, Future, Ready};
 use std::pin::{pin, Pin};
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -135,30 +137,77 @@ where
 /// rebound's full default stack, every layer in the ready-made client's
 /// order (`crates/rebound-hyper/src/client.rs`), with the bare service in
 /// place of the transport. Like the client, its type is erased at the same
-/// two points with `BoxCloneSyncService` (below the retry loop and at the
-/// top; fully nested types make rustc take minutes), so it pays the same
-/// two boxed futures per request the client pays.
-type FullStack =
-    BoxCloneSyncService<Req, Response<TraceBody<DeadlineBody<LimitBody<Empty<Bytes>>>>>, Error>;
+/// two points (below the retry loop and at the top; fully nested types make
+/// rustc take minutes) the way the client erases it ([`Shared`]), so it
+/// pays the same two boxed futures per request the client pays.
+type FullStack = Shared<Response<TraceBody<DeadlineBody<LimitBody<Empty<Bytes>>>>>>;
+
+/// The future of one call through a [`Shared`] stack.
+type SharedFuture<R> = Pin<Box<dyn Future<Output = Result<R, Error>> + Send>>;
+
+/// The client's type erasure (`SharedStack` in
+/// `crates/rebound-hyper/src/client.rs`): clones share the stack behind an
+/// `Arc`, each call drives its own clone of the concrete stack with
+/// `Oneshot` in one boxed future, and `poll_ready` is always ready (every
+/// layer of this stack is).
+#[derive(Clone)]
+struct Shared<R> {
+    call: Arc<dyn Fn(Req) -> SharedFuture<R> + Send + Sync>,
+}
+
+impl<R: Send + 'static> Shared<R> {
+    fn new<S>(stack: S) -> Self
+    where
+        S: Service<Req, Response = R, Error = Error> + Clone + Send + Sync + 'static,
+        S::Future: Send + 'static,
+    {
+        Shared {
+            call: Arc::new(move |req| {
+                let mut svc = stack.clone();
+                // Every layer of the stack is always ready, so readiness is
+                // asked here without a waker (and without `Oneshot`'s moves);
+                // were it ever pending, the future would wait for it.
+                match svc.poll_ready(&mut Context::from_waker(Waker::noop())) {
+                    Poll::Ready(Ok(())) => Box::pin(svc.call(req)),
+                    Poll::Ready(Err(e)) => Box::pin(std::future::ready(Err(e))),
+                    Poll::Pending => Box::pin(svc.oneshot(req)),
+                }
+            }),
+        }
+    }
+}
+
+impl<R> Service<Req> for Shared<R> {
+    type Response = R;
+    type Error = Error;
+    type Future = SharedFuture<R>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        (self.call)(req)
+    }
+}
 
 fn full_stack(inner: Bare) -> FullStack {
     let trace = TraceLayer::new();
-    let attempts: BoxCloneSyncService<Req, Response<Empty<Bytes>>, Error> =
-        BoxCloneSyncService::new(
-            ServiceBuilder::new()
-                .layer(trace.attempt_layer())
-                .layer(BackoffLayer::new(Backoff::exponential(
-                    Duration::from_millis(100),
-                    Duration::from_secs(10),
-                )))
-                .layer(RetryAfterGateLayer::new())
-                .layer(adaptive())
-                .layer(RetryAfterLayer::new())
-                .layer(ClassifyLayer::new(HttpClassifier::default()))
-                .layer(attempt_timeout())
-                .service(inner),
-        );
-    BoxCloneSyncService::new(
+    let attempts: Shared<Response<Empty<Bytes>>> = Shared::new(
+        ServiceBuilder::new()
+            .layer(trace.attempt_layer())
+            .layer(BackoffLayer::new(Backoff::exponential(
+                Duration::from_millis(100),
+                Duration::from_secs(10),
+            )))
+            .layer(RetryAfterGateLayer::new())
+            .layer(adaptive())
+            .layer(RetryAfterLayer::new())
+            .layer(ClassifyLayer::new(HttpClassifier::default()))
+            .layer(attempt_timeout())
+            .service(inner),
+    );
+    Shared::new(
         ServiceBuilder::new()
             .layer(trace)
             .layer(CancelLayer::new())

@@ -75,7 +75,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use http::{Request, Response, Uri};
@@ -97,7 +97,6 @@ use rebound_core::trace::{TraceBody, TraceLayer};
 use rebound_core::{Error, ErrorKind, Sent};
 use rustls::ClientConfig;
 use tokio::sync::Semaphore;
-use tower::util::{BoxCloneSyncService, Oneshot};
 use tower::ServiceExt;
 use tower_layer::Layer;
 use tower_service::Service;
@@ -142,11 +141,80 @@ pub type ClientBody = TraceBody<DeadlineBody<LimitBody<ResponseBody<Incoming>>>>
 /// nested generic services send rustc's trait solver into minutes and
 /// gigabytes of work (measured: one erasure point, 3 min 20 s for this
 /// crate; two, 4 s). The price is one boxed future per request and one per
-/// attempt.
-type Stack = BoxCloneSyncService<Request<Body>, Response<ClientBody>, Error>;
+/// attempt. Shared (see [`SharedStack`]), so that [`Client::send`] and a
+/// clone of the client do not allocate a copy of the stack.
+type Stack = SharedStack<Response<ClientBody>>;
 
-/// The per-attempt part, below the retry loop, erased likewise.
-type AttemptStack = BoxCloneSyncService<Request<Body>, Response<ResponseBody<Incoming>>, Error>;
+/// The per-attempt part, below the retry loop, erased likewise, but shared
+/// (see [`SharedStack`]): the retry layer clones its inner service for every
+/// request, and a `BoxCloneSyncService` allocates on every clone.
+type AttemptStack = SharedStack<Response<ResponseBody<Incoming>>>;
+
+/// The future of one call through a [`SharedStack`].
+type SharedFuture<R> = Pin<Box<dyn Future<Output = Result<R, Error>> + Send>>;
+
+/// A type-erased service whose clones share one copy of the stack behind an
+/// `Arc` (a clone is a reference-count bump, not an allocation). Each call
+/// clones the concrete stack (its state is behind `Arc`s) and drives it with
+/// [`Oneshot`](tower::util::Oneshot) in the boxed future, so readiness is
+/// still asked before the call. `poll_ready` is always ready: only for
+/// stacks whose every layer is always ready (each rebound layer forwards
+/// `poll_ready`, the concurrency limits wait in their response futures, and
+/// the transport applies no backpressure), so nothing moves from
+/// `poll_ready` into the future.
+pub(crate) struct SharedStack<R> {
+    call: Arc<dyn Fn(Request<Body>) -> SharedFuture<R> + Send + Sync>,
+}
+
+impl<R: Send + 'static> SharedStack<R> {
+    fn new<S>(stack: S) -> Self
+    where
+        S: Service<Request<Body>, Response = R, Error = Error> + Clone + Send + Sync + 'static,
+        S::Future: Send + 'static,
+    {
+        SharedStack {
+            call: Arc::new(move |req| {
+                let mut svc = stack.clone();
+                // Every layer of the stack is always ready, so readiness is
+                // asked here without a waker (and without `Oneshot`'s moves);
+                // were it ever pending, the future would wait for it.
+                match svc.poll_ready(&mut Context::from_waker(Waker::noop())) {
+                    Poll::Ready(Ok(())) => Box::pin(svc.call(req)),
+                    Poll::Ready(Err(e)) => Box::pin(std::future::ready(Err(e))),
+                    Poll::Pending => Box::pin(svc.oneshot(req)),
+                }
+            }),
+        }
+    }
+}
+
+impl<R> Clone for SharedStack<R> {
+    fn clone(&self) -> Self {
+        SharedStack {
+            call: Arc::clone(&self.call),
+        }
+    }
+}
+
+impl<R> fmt::Debug for SharedStack<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedStack").finish_non_exhaustive()
+    }
+}
+
+impl<R> Service<Request<Body>> for SharedStack<R> {
+    type Response = R;
+    type Error = Error;
+    type Future = SharedFuture<R>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        (self.call)(req)
+    }
+}
 
 /// The body of a response read inside the attempt (the JSON helpers'
 /// stack): already in memory, under the same permit and deadline wrappers.
@@ -156,12 +224,13 @@ pub(crate) type CollectingBody = TraceBody<DeadlineBody<LimitBody<CollectedBody>
 /// transport, budget, limiters and gate table, with [`CollectBodyLayer`]
 /// right below [`ClassifyLayer`], so that a body cut short is an attempt's
 /// failure. Erased at the same two points as [`Stack`], plus one below the
-/// classifier (the collecting part adds a generic level).
-pub(crate) type CollectingStack =
-    BoxCloneSyncService<Request<Body>, Response<CollectingBody>, Error>;
+/// classifier (the collecting part adds a generic level), all shared (see
+/// [`SharedStack`]: the JSON helpers clone this stack for every call, the
+/// retry layer the attempt part for every request).
+pub(crate) type CollectingStack = SharedStack<Response<CollectingBody>>;
 
 /// The per-attempt part of the collecting stack, erased likewise.
-type CollectingAttemptStack = BoxCloneSyncService<Request<Body>, Response<CollectedBody>, Error>;
+type CollectingAttemptStack = SharedStack<Response<CollectedBody>>;
 
 // ===== impl ClientBuilder =====
 
@@ -567,8 +636,8 @@ impl ClientBuilder {
             deadline.layer(concurrency.layer(idempotency.layer(retry.layer(collecting_attempts)))),
         ));
         Ok(Client {
-            inner: BoxCloneSyncService::new(stack),
-            collecting: BoxCloneSyncService::new(collecting),
+            inner: Stack::new(stack),
+            collecting: CollectingStack::new(collecting),
             replay_cap: self.replay_cap,
         })
     }
@@ -598,8 +667,9 @@ impl fmt::Debug for Client {
 /// The future of the client's `Service::call`.
 pub type ResponseFuture = Pin<Box<dyn Future<Output = Result<Response<ClientBody>, Error>> + Send>>;
 
-/// The future of [`Client::send`]: readiness, then the call.
-pub type SendFuture = Oneshot<Stack, Request<Body>>;
+/// The future of [`Client::send`]: readiness of the stack, then the call,
+/// in one boxed future (the same type as [`ResponseFuture`]).
+pub type SendFuture = ResponseFuture;
 
 impl Client {
     /// A [`ClientBuilder`] with the defaults.
@@ -613,7 +683,9 @@ impl Client {
     where
         B: Into<Body>,
     {
-        self.inner.clone().oneshot(self.arm(req))
+        // A shared stack is always ready, and each call drives its own copy
+        // of the stack (readiness first), so no clone of `inner` is needed.
+        (self.inner.call)(self.arm(req))
     }
 
     /// The request with its body armed for replay (a no-op for bodies in
@@ -635,7 +707,7 @@ impl Client {
             req
         });
         let inner = self.inner.clone();
-        async move { inner.oneshot(req?).await }
+        async move { (inner.call)(req?).await }
     }
 }
 
