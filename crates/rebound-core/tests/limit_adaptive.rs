@@ -356,38 +356,3 @@ async fn settles_near_the_upstreams_capacity() {
         baseline
     );
 }
-
-/// Collects formatted log lines.
-#[derive(Clone, Default)]
-struct Lines(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Lines {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-#[tokio::test(start_paused = true)]
-async fn every_change_is_a_debug_event_with_the_current_limit() {
-    let lines = Lines::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .with_writer({
-            let lines = lines.clone();
-            move || lines.clone()
-        })
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
-
-    let (limiter, svc) = answering(Aimd::default().initial_limit(10), || Ok(status(503)));
-    svc.oneshot(req()).await.unwrap();
-    assert_eq!(limiter.current_limit(), 9);
-    let out = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
-    assert!(out.contains("current_limit=9"), "{out}");
-    assert!(out.contains("previous_limit=10"), "{out}");
-}

@@ -134,6 +134,11 @@ async fn the_secret_appears_zero_times() {
 
 #[tokio::test(start_paused = true)]
 async fn debug_of_the_request_below_the_trace_layer_hides_deny_listed_headers() {
+    // Under a capture like the other test here: tracing caches callsite
+    // interest process-wide, and a callsite first hit on a thread with no
+    // subscriber could be cached as disabled for the test that asserts on
+    // captured output. Captures are serialized (see `Capture`).
+    let _capture = Capture::new().set_default();
     let inner = Scripted::new(&[Step::Ok]);
     let layer = TraceLayer::builder()
         .deny_header(HeaderName::from_static("x-session"))
