@@ -42,7 +42,13 @@
 //! | `Timeout(Connect)`, `Timeout(Tls)`, `Connect`, `Tls` errors | `Retryable { sent: NotSent }` |
 //! | other timeouts, `Body` errors | `Retryable { sent: MaybeProcessed }` |
 //! | `Transport` errors whose `source()` chain holds an [`std::io::Error`] | connection refused: `NotSent`; reset, aborted, broken pipe, unexpected EOF, timed out: `MaybeProcessed` |
+//! | `Rejected` by tower's `LoadShed` below the classifier | `Retryable { sent: NotSent }` |
 //! | anything else (`Cancelled`, `Rejected`, `Throttled`, `Decode`, ...) | `Fatal` |
+//!
+//! Errors of other crates are recognised when they are converted
+//! ([`Error::from_boxed`], see [`crate::foreign`]): over a bare hyper-util
+//! client, a refused or timed-out connect is a `Connect` / `Timeout(Connect)`
+//! error marked `NotSent`, and tower's `Elapsed` is a `Timeout(Headers)`.
 //!
 //! When the transport knows whether the request reached the server it says
 //! so with a [`Sent`] value in the error's extensions; that answer overrides
@@ -293,6 +299,16 @@ fn classify_error(err: &Error) -> Verdict {
             (None, None) => return fatal("transport error"),
         },
         ErrorKind::Cancelled => return fatal("cancelled"),
+        // tower's `LoadShed` below the classifier refused the attempt before
+        // it left: retry it after a backoff. rebound's own limits reject
+        // above the retry loop (or when their queue is full), which is final.
+        ErrorKind::Rejected
+            if err
+                .find_source::<tower::load_shed::error::Overloaded>()
+                .is_some() =>
+        {
+            ("overloaded", Sent::NotSent)
+        }
         ErrorKind::Rejected => return fatal("rejected"),
         ErrorKind::Throttled => return fatal("throttled"),
         ErrorKind::Decode => return fatal("decode error"),

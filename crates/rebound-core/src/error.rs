@@ -235,13 +235,24 @@ impl Error {
     }
 
     /// Turn any boxed error into a rebound `Error`. An inner error that
-    /// already is a rebound `Error` is returned as is, never wrapped twice;
-    /// anything else becomes a [`ErrorKind::Transport`] error with it as its
-    /// source.
+    /// already is a rebound `Error` is returned as is, never wrapped twice.
+    /// Another crate's error that rebound recognises (tower's `Elapsed` and
+    /// `Overloaded`, hyper-util's connect errors, hyper's canceled requests,
+    /// a refused connection: see [`crate::foreign`]) gets its kind, a short
+    /// detail and a [`Sent`](crate::Sent) answer in the extensions; anything
+    /// else becomes a [`ErrorKind::Transport`] error. Either way the original
+    /// error is the source.
     pub fn from_boxed(err: BoxError) -> Self {
         match err.downcast::<Error>() {
             Ok(e) => *e,
-            Err(other) => Error::new(ErrorKind::Transport).with_source(other),
+            Err(other) => match crate::foreign::recognise(&*other) {
+                Some((kind, sent, detail)) => {
+                    let mut e = Error::new(kind).with_detail(detail).with_source(other);
+                    e.extensions_mut().insert(sent);
+                    e
+                }
+                None => Error::new(ErrorKind::Transport).with_source(other),
+            },
         }
     }
 

@@ -32,6 +32,7 @@
 
 pub mod annotations;
 pub mod error;
+pub mod foreign;
 pub mod redact;
 
 // --- request bodies that can be sent again ---
