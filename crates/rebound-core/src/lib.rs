@@ -40,28 +40,50 @@ pub mod body;
 pub mod replay;
 
 // --- retry core: classify, Retry-After, backoff, retry with budget ---
+#[cfg(feature = "backoff")]
+#[cfg_attr(docsrs, doc(cfg(feature = "backoff")))]
 pub mod backoff;
 pub mod classify;
+#[cfg(feature = "retry")]
+#[cfg_attr(docsrs, doc(cfg(feature = "retry")))]
 pub mod retry;
+#[cfg(feature = "retry-after")]
+#[cfg_attr(docsrs, doc(cfg(feature = "retry-after")))]
 pub mod retry_after;
 
 // --- timeouts: total deadline, per-attempt timeout ---
+#[cfg(feature = "timeout")]
+#[cfg_attr(docsrs, doc(cfg(feature = "timeout")))]
 pub mod attempt_timeout;
+#[cfg(feature = "timeout")]
+#[cfg_attr(docsrs, doc(cfg(feature = "timeout")))]
 pub mod deadline;
 
 // --- writes: idempotency keys, in-attempt body reading ---
+#[cfg(feature = "collect")]
+#[cfg_attr(docsrs, doc(cfg(feature = "collect")))]
 pub mod collect;
+#[cfg(feature = "idempotency")]
+#[cfg_attr(docsrs, doc(cfg(feature = "idempotency")))]
 pub mod idempotency;
 
 // --- load control and cancellation ---
+#[cfg(feature = "cancel")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cancel")))]
 pub mod cancel;
+#[cfg(feature = "retry-after")]
+#[cfg_attr(docsrs, doc(cfg(feature = "retry-after")))]
 pub mod gate;
+#[cfg(feature = "limit")]
+#[cfg_attr(docsrs, doc(cfg(feature = "limit")))]
 pub mod limit;
 
 // --- observability ---
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub mod metrics;
+#[cfg(feature = "trace")]
+#[cfg_attr(docsrs, doc(cfg(feature = "trace")))]
 pub mod trace;
 
 pub use crate::annotations::{
@@ -75,26 +97,37 @@ pub use crate::body::ReplayableBody;
 pub use crate::replay::ReplayBody;
 
 // --- re-exports: retry core ---
+#[cfg(feature = "backoff")]
 pub use crate::backoff::{Backoff, BackoffLayer, BackoffService, Jitter};
 pub use crate::classify::{Classifier, Classify, ClassifyLayer, HttpClassifier};
+#[cfg(feature = "retry")]
 pub use crate::retry::{Retry, RetryBudget, RetryLayer, RetryPolicy};
+#[cfg(feature = "retry-after")]
 pub use crate::retry_after::{OverCap, RetryAfter, RetryAfterLayer};
 
 // --- re-exports: timeouts ---
+#[cfg(feature = "timeout")]
 pub use crate::attempt_timeout::{AttemptTimeout, AttemptTimeoutLayer};
+#[cfg(feature = "timeout")]
 pub use crate::deadline::{DeadlineBody, DeadlineLayer, DeadlineService};
 
 // --- re-exports: writes ---
+#[cfg(feature = "collect")]
 pub use crate::collect::{CollectBody, CollectBodyLayer, CollectedBody};
+#[cfg(feature = "idempotency")]
 pub use crate::idempotency::{IdempotencyKeyLayer, MakeIdempotencyKey, SetIdempotencyKey, UuidV4};
 
 // --- re-exports: load control and cancellation ---
+#[cfg(feature = "cancel")]
 pub use crate::cancel::{Cancel, CancelLayer, Cancellable};
+#[cfg(feature = "retry-after")]
 pub use crate::gate::{GateMode, GateTable, RetryAfterGate, RetryAfterGateLayer};
+#[cfg(feature = "limit")]
 pub use crate::limit::{
     AdaptiveLimit, AdaptiveLimitLayer, AdaptiveLimiter, Aimd, ConcurrencyLimit,
     ConcurrencyLimitLayer, ConcurrencyLimiter, LimitBody,
 };
 
 // --- re-exports: observability ---
+#[cfg(feature = "trace")]
 pub use crate::trace::{AttemptTraceLayer, TraceBody, TraceBuilder, TraceLayer};
