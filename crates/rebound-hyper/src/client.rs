@@ -367,6 +367,30 @@ impl ClientBuilder {
         self
     }
 
+    /// Send an HTTP/2 keep-alive PING when no frame has arrived for
+    /// `interval` while a request is in flight on the connection; `None`
+    /// turns keep-alive off. See
+    /// [`TransportBuilder::http2_keep_alive_interval`]. Default: 20 s.
+    pub fn http2_keep_alive_interval(mut self, interval: impl Into<Option<Duration>>) -> Self {
+        self.transport = self.transport.http2_keep_alive_interval(interval);
+        self
+    }
+
+    /// How long a keep-alive PING may wait for its acknowledgement before
+    /// the connection is closed. Default: 10 s.
+    pub fn http2_keep_alive_timeout(mut self, timeout: Duration) -> Self {
+        self.transport = self.transport.http2_keep_alive_timeout(timeout);
+        self
+    }
+
+    /// Also PING idle pooled HTTP/2 connections (see
+    /// [`TransportBuilder::http2_keep_alive_while_idle`] for the cost).
+    /// Default: `false`.
+    pub fn http2_keep_alive_while_idle(mut self, enabled: bool) -> Self {
+        self.transport = self.transport.http2_keep_alive_while_idle(enabled);
+        self
+    }
+
     /// Attempts in all for one logical request (1 = never retry).
     /// Default: 3.
     pub fn max_attempts(mut self, n: u32) -> Self {

@@ -54,6 +54,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -158,6 +159,9 @@ pub struct Connector<C = HttpConnector> {
     tls: Arc<ClientConfig>,
     connect_timeout: Duration,
     tls_timeout: Duration,
+    /// Set once a handshake negotiated `h2` (shared by clones): the
+    /// transport captures connections only from then on.
+    h2_seen: Arc<AtomicBool>,
 }
 
 impl Connector<HttpConnector> {
@@ -185,7 +189,14 @@ impl<C> Connector<C> {
             tls,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             tls_timeout: DEFAULT_TLS_TIMEOUT,
+            h2_seen: Arc::new(AtomicBool::new(false)),
         }
+    }
+
+    /// The flag set once a handshake of this connector (or a clone)
+    /// negotiated `h2`.
+    pub(crate) fn h2_seen(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.h2_seen)
     }
 
     /// The time allowed for the TCP stage (DNS and every address tried).
@@ -285,6 +296,7 @@ where
         };
         let connect_timeout = self.connect_timeout;
         let tls_timeout = self.tls_timeout;
+        let h2_seen = Arc::clone(&self.h2_seen);
         let connecting = self.tcp.call(dst);
         Box::pin(async move {
             let tcp = match tokio::time::timeout(connect_timeout, connecting).await {
@@ -310,7 +322,12 @@ where
                     ErrorKind::Tls,
                     TimeoutStage::Tls,
                 )),
-                Ok(Ok(stream)) => Ok(MaybeHttpsStream::from(stream)),
+                Ok(Ok(stream)) => {
+                    if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
+                        h2_seen.store(true, Ordering::Relaxed);
+                    }
+                    Ok(MaybeHttpsStream::from(stream))
+                }
             }
         })
     }

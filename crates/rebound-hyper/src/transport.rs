@@ -41,6 +41,63 @@
 //!   re-sends happen inside one call of this service, so the retry layer
 //!   above counts them as one attempt, never twice.
 //!
+//! # A silent HTTP/2 connection
+//!
+//! An HTTP/2 connection carries every request to its host, and hyper-util's
+//! pool refreshes its idle time on every checkout. A peer that dies with
+//! the socket open (no `GOAWAY`, no reset: a crashed middlebox, a dropped
+//! NAT mapping) would otherwise get every attempt of every request for as
+//! long as traffic continues. Two mechanisms retire it:
+//!
+//! * **Keep-alive PING**, on by default: when no frame has arrived for
+//!   [`DEFAULT_HTTP2_KEEP_ALIVE_INTERVAL`] (20 s) while a request or a
+//!   response body is in flight on the connection, hyper sends a PING, and
+//!   closes the connection (failing its streams) if the acknowledgement
+//!   does not come within [`DEFAULT_HTTP2_KEEP_ALIVE_TIMEOUT`] (10 s). Any
+//!   frame read counts as life, so a busy healthy connection is never
+//!   pinged. Idle pooled connections are not pinged by default
+//!   ([`TransportBuilder::http2_keep_alive_while_idle`]): gRPC servers
+//!   answer frequent PINGs without streams with `GOAWAY`, and a stale idle
+//!   connection is pinged as soon as a request uses it anyway (its last
+//!   frame is older than the interval). 20 s stays below the body idle
+//!   timeout of the ready-made client (30 s), so a quiet body sees at most
+//!   one PING, fewer than the strikes gRPC servers tolerate before a
+//!   `GOAWAY` (`too_many_pings`).
+//! * **Retiring on abandon**: when this service's [`ResponseFuture`] is
+//!   dropped while it still waits for the response head of a request
+//!   that went out on an HTTP/2 connection, that connection is poisoned
+//!   (hyper-util's [`Connected::poison`](hyper_util::client::legacy::connect::Connected::poison)):
+//!   the pool never hands it out
+//!   again, so the retry and every later request get a fresh connection,
+//!   while the streams already on it run to their end. The attempt
+//!   timeout above this service drops the future when it fires, so a
+//!   headers timeout heals at once; the transport needs no knowledge of
+//!   that layer, only of being abandoned (DESIGN principle 3).
+//!
+//! The price of the second mechanism, and its false positives:
+//!
+//! * Knowing the connection means
+//!   [`capture_connection`](hyper_util::client::legacy::connect::capture_connection)
+//!   on the request: a watch channel, an `Arc` and one request extension
+//!   (and, when the connection is handed the request, a clone of its
+//!   connection info) — about four small allocations per request. It is
+//!   paid only where HTTP/2 is possible: HTTP/2 enabled, an `https` URL
+//!   (h2 is negotiated by ALPN only), and once this transport has
+//!   negotiated `h2` on some connection. Plain `http`, `http2(false)`, and
+//!   TLS servers that only speak HTTP/1.1 pay one atomic load. (A request
+//!   sent before the first `h2` handshake completed is not captured; the
+//!   keep-alive PING still covers it.)
+//! * Every abandon retires the connection, not only a timeout: a caller
+//!   that drops or cancels an HTTP/2 request before its head (or a losing
+//!   hedge) costs one new connection (TCP and TLS handshake) for the next
+//!   request. Streams in flight on the retired connection are not
+//!   affected. Telling a timeout from a cancellation would need the
+//!   attempt timeout's deadline on every request (an extension insert,
+//!   i.e. an allocation, on the happy path of every layer's user); a
+//!   handshake per cancelled request is the cheaper side.
+//! * An abandoned HTTP/1 request needs nothing: hyper does not return a
+//!   connection with an unfinished exchange to the pool.
+//!
 //! # Userinfo in the URL
 //!
 //! hyper-util's pool logs the URI's authority at TRACE level, userinfo
@@ -57,15 +114,19 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::header::AUTHORIZATION;
+use http::uri::Scheme;
 use http::{HeaderValue, Request, Response, Uri};
 use hyper::body::Incoming;
 use hyper::rt;
-use hyper_util::client::legacy::connect::{Connect, Connection, HttpConnector};
+use hyper_util::client::legacy::connect::{
+    capture_connection, CaptureConnection, Connect, Connection, HttpConnector,
+};
 use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use rebound_core::redact::authority_without_userinfo;
@@ -80,6 +141,12 @@ use crate::response_body::{validate, BodyTimeouts, MinBodyRate, ResponseBody};
 
 /// Default [`TransportBuilder::pool_idle_timeout`]: 90 s.
 pub const DEFAULT_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// Default [`TransportBuilder::http2_keep_alive_interval`]: 20 s without a
+/// frame from the server (while a stream is open) before a PING is sent.
+pub const DEFAULT_HTTP2_KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(20);
+/// Default [`TransportBuilder::http2_keep_alive_timeout`]: 10 s for the
+/// PING's acknowledgement before the connection is closed.
+pub const DEFAULT_HTTP2_KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 // ===== impl TransportBuilder =====
 
@@ -96,6 +163,9 @@ pub struct TransportBuilder {
     http2: bool,
     pool_idle_timeout: Duration,
     pool_max_idle_per_host: usize,
+    h2_keep_alive_interval: Option<Duration>,
+    h2_keep_alive_timeout: Duration,
+    h2_keep_alive_while_idle: bool,
 }
 
 impl Default for TransportBuilder {
@@ -110,6 +180,9 @@ impl Default for TransportBuilder {
             http2: true,
             pool_idle_timeout: DEFAULT_POOL_IDLE_TIMEOUT,
             pool_max_idle_per_host: usize::MAX,
+            h2_keep_alive_interval: Some(DEFAULT_HTTP2_KEEP_ALIVE_INTERVAL),
+            h2_keep_alive_timeout: DEFAULT_HTTP2_KEEP_ALIVE_TIMEOUT,
+            h2_keep_alive_while_idle: false,
         }
     }
 }
@@ -125,6 +198,13 @@ impl fmt::Debug for TransportBuilder {
             .field("custom_tls_config", &self.tls_config.is_some())
             .field("http2", &self.http2)
             .field("pool_idle_timeout", &self.pool_idle_timeout)
+            .field("pool_max_idle_per_host", &self.pool_max_idle_per_host)
+            .field("http2_keep_alive_interval", &self.h2_keep_alive_interval)
+            .field("http2_keep_alive_timeout", &self.h2_keep_alive_timeout)
+            .field(
+                "http2_keep_alive_while_idle",
+                &self.h2_keep_alive_while_idle,
+            )
             .finish()
     }
 }
@@ -195,6 +275,37 @@ impl TransportBuilder {
         self
     }
 
+    /// Send an HTTP/2 PING when no frame has arrived from the server for
+    /// `interval` while a request or response is in flight on the
+    /// connection (and also while it sits idle in the pool, with
+    /// [`http2_keep_alive_while_idle`](Self::http2_keep_alive_while_idle));
+    /// a PING not acknowledged within the
+    /// [keep-alive timeout](Self::http2_keep_alive_timeout) closes the
+    /// connection, failing its streams. `None` turns keep-alive off.
+    /// Default: [`DEFAULT_HTTP2_KEEP_ALIVE_INTERVAL`] (20 s).
+    pub fn http2_keep_alive_interval(mut self, interval: impl Into<Option<Duration>>) -> Self {
+        self.h2_keep_alive_interval = interval.into();
+        self
+    }
+
+    /// How long a keep-alive PING may wait for its acknowledgement before
+    /// the connection is closed. Default:
+    /// [`DEFAULT_HTTP2_KEEP_ALIVE_TIMEOUT`] (10 s).
+    pub fn http2_keep_alive_timeout(mut self, timeout: Duration) -> Self {
+        self.h2_keep_alive_timeout = timeout;
+        self
+    }
+
+    /// Also send keep-alive PINGs on HTTP/2 connections with no request in
+    /// flight, so a dead idle connection is closed before a request picks
+    /// it. Some servers treat PINGs without streams as abuse (gRPC servers
+    /// by default answer them with `GOAWAY` `ENHANCE_YOUR_CALM`). Default:
+    /// `false`.
+    pub fn http2_keep_alive_while_idle(mut self, enabled: bool) -> Self {
+        self.h2_keep_alive_while_idle = enabled;
+        self
+    }
+
     /// The configured connect timeout.
     pub fn get_connect_timeout(&self) -> Duration {
         self.connect_timeout
@@ -234,6 +345,12 @@ impl TransportBuilder {
         C::Error: Into<BoxError>,
     {
         let pool_idle_timeout = validate("pool idle timeout", self.pool_idle_timeout)?;
+        let h2_keep_alive_interval = self
+            .h2_keep_alive_interval
+            .map(|d| validate("HTTP/2 keep-alive interval", d))
+            .transpose()?;
+        let h2_keep_alive_timeout =
+            validate("HTTP/2 keep-alive timeout", self.h2_keep_alive_timeout)?;
         let mut body = BodyTimeouts::new();
         if let Some(idle) = self.body_idle_timeout {
             body = body.idle(idle)?;
@@ -253,14 +370,22 @@ impl TransportBuilder {
         let connector = Connector::new(tcp, tls)
             .connect_timeout(self.connect_timeout)?
             .tls_timeout(self.tls_timeout)?;
+        let h2_seen = connector.h2_seen();
         let client = HyperClient::builder(TokioExecutor::new())
             .timer(TokioTimer::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(pool_idle_timeout)
             .pool_max_idle_per_host(self.pool_max_idle_per_host)
             .retry_canceled_requests(true)
+            .http2_keep_alive_interval(h2_keep_alive_interval)
+            .http2_keep_alive_timeout(h2_keep_alive_timeout)
+            .http2_keep_alive_while_idle(self.h2_keep_alive_while_idle)
             .build(connector);
-        Ok(HyperTransport { client, body })
+        Ok(HyperTransport {
+            client,
+            body,
+            h2_seen: self.http2.then_some(h2_seen),
+        })
     }
 }
 
@@ -271,6 +396,11 @@ impl TransportBuilder {
 pub struct HyperTransport<C = HttpConnector> {
     client: HyperClient<Connector<C>, Body>,
     body: BodyTimeouts,
+    /// Set by the connector once it negotiated `h2` on any connection;
+    /// `None` when HTTP/2 is off (no connection can be HTTP/2, so no
+    /// request is captured). See the module docs, "A silent HTTP/2
+    /// connection".
+    h2_seen: Option<Arc<AtomicBool>>,
 }
 
 impl HyperTransport {
@@ -292,6 +422,7 @@ impl<C: Clone> Clone for HyperTransport<C> {
         HyperTransport {
             client: self.client.clone(),
             body: self.body,
+            h2_seen: self.h2_seen.clone(),
         }
     }
 }
@@ -320,20 +451,34 @@ where
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let request = RequestName::of(&req);
-        let req = match prepare(req.map(Into::into)) {
+        let mut req = match prepare(req.map(Into::into)) {
             Ok(req) => req,
             Err(e) => {
                 return ResponseFuture {
                     state: State::Failed(Some(request.name(e))),
                     request: None,
                     body: self.body,
+                    connection: None,
                 }
             }
+        };
+        // Only a request that can end up on an HTTP/2 connection is
+        // captured (it costs a watch channel and an extension): HTTP/2 is
+        // on, it is `https` (h2 is negotiated by ALPN only), and this
+        // transport has negotiated h2 at least once.
+        let connection = match &self.h2_seen {
+            Some(seen)
+                if seen.load(Ordering::Relaxed) && req.uri().scheme() == Some(&Scheme::HTTPS) =>
+            {
+                Some(capture_connection(&mut req))
+            }
+            _ => None,
         };
         ResponseFuture {
             state: State::Sending(self.client.request(req)),
             request: Some(request),
             body: self.body,
+            connection,
         }
     }
 }
@@ -432,11 +577,39 @@ enum State {
 }
 
 /// The response future of [`HyperTransport`].
+///
+/// Dropped while still waiting for the response head of a request sent on
+/// an HTTP/2 connection, it retires that connection from the pool (see the
+/// [module docs](self#a-silent-http2-connection)).
 #[must_use = "futures do nothing unless polled"]
 pub struct ResponseFuture {
     state: State,
+    /// `Some` until the future completes.
     request: Option<RequestName>,
     body: BodyTimeouts,
+    /// The connection the request went out on, for requests that may be
+    /// sent over HTTP/2.
+    connection: Option<CaptureConnection>,
+}
+
+impl Drop for ResponseFuture {
+    fn drop(&mut self) {
+        // Completed (head or error), or never sent: nothing to retire.
+        if self.request.is_none() || !matches!(self.state, State::Sending(_)) {
+            return;
+        }
+        let Some(connection) = &self.connection else {
+            return;
+        };
+        // `None`: dropped before a connection was handed the request
+        // (while connecting); an HTTP/1 connection is not reused after an
+        // abandoned request anyway.
+        if let Some(connected) = connection.connection_metadata().as_ref() {
+            if connected.is_negotiated_h2() {
+                connected.poison();
+            }
+        }
+    }
 }
 
 impl fmt::Debug for ResponseFuture {
@@ -518,6 +691,40 @@ mod tests {
         let err = prepare(req).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::InvalidRequest);
         assert_eq!(err.extensions().get::<Sent>(), Some(&Sent::NotSent));
+    }
+
+    #[test]
+    fn http2_keep_alive_is_on_by_default_and_checked() {
+        let b = TransportBuilder::default();
+        assert_eq!(
+            b.h2_keep_alive_interval,
+            Some(DEFAULT_HTTP2_KEEP_ALIVE_INTERVAL)
+        );
+        assert_eq!(b.h2_keep_alive_timeout, DEFAULT_HTTP2_KEEP_ALIVE_TIMEOUT);
+        assert!(!b.h2_keep_alive_while_idle);
+        let err = TransportBuilder::new()
+            .http2_keep_alive_timeout(Duration::ZERO)
+            .build()
+            .unwrap_err();
+        assert!(err.is_config());
+        assert!(
+            err.to_string().contains("HTTP/2 keep-alive timeout"),
+            "{err}"
+        );
+        let err = TransportBuilder::new()
+            .http2_keep_alive_interval(Duration::ZERO)
+            .build()
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("HTTP/2 keep-alive interval"),
+            "{err}"
+        );
+        // `None` turns keep-alive off.
+        assert!(TransportBuilder::new()
+            .http2_keep_alive_interval(None)
+            .http2_keep_alive_while_idle(true)
+            .build()
+            .is_ok());
     }
 
     #[test]
