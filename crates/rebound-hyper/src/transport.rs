@@ -98,6 +98,16 @@
 //! * An abandoned HTTP/1 request needs nothing: hyper does not return a
 //!   connection with an unfinished exchange to the pool.
 //!
+//! # CONNECT
+//!
+//! A `CONNECT` request names only `host:port`. One whose URL has a path or
+//! a query (other than the `/` that `http::Uri` parses for none) is refused
+//! with an [`InvalidRequest`](ErrorKind::InvalidRequest) error, marked
+//! [`Sent::NotSent`], before it reaches hyper-util, which would strip them
+//! and log both at WARN — a query string (often a key) in a log line. An
+//! extended CONNECT (RFC 8441, with a `hyper::ext::Protocol` extension)
+//! keeps its path, as HTTP/2 sends it.
+//!
 //! # Userinfo in the URL
 //!
 //! hyper-util's pool logs the URI's authority at TRACE level, userinfo
@@ -121,7 +131,7 @@ use std::time::Duration;
 
 use http::header::AUTHORIZATION;
 use http::uri::Scheme;
-use http::{HeaderValue, Request, Response, Uri};
+use http::{HeaderValue, Method, Request, Response, Uri};
 use hyper::body::Incoming;
 use hyper::rt;
 use hyper_util::client::legacy::connect::{
@@ -483,11 +493,24 @@ where
     }
 }
 
-/// Check the URI and move userinfo into an `Authorization` header.
+/// Check the URI (absolute; no path or query on a CONNECT) and move
+/// userinfo into an `Authorization` header.
 fn prepare(mut req: Request<Body>) -> Result<Request<Body>, Error> {
     let uri = req.uri();
     if uri.scheme().is_none() || uri.authority().is_none() {
         let mut e = Error::new(ErrorKind::InvalidRequest).with_detail("the URL must be absolute");
+        e.extensions_mut().insert(Sent::NotSent);
+        return Err(e);
+    }
+    if req.method() == Method::CONNECT
+        && req.extensions().get::<hyper::ext::Protocol>().is_none()
+        && uri.path_and_query().is_some_and(|pq| pq.as_str() != "/")
+    {
+        // A CONNECT names only `host:port`; hyper-util would strip the path
+        // and query, logging both at WARN (a query string in a log line).
+        // An extended CONNECT (RFC 8441, with a `:protocol`) keeps its path.
+        let mut e = Error::new(ErrorKind::InvalidRequest)
+            .with_detail("a CONNECT request's URL takes no path or query, only host and port");
         e.extensions_mut().insert(Sent::NotSent);
         return Err(e);
     }
@@ -691,6 +714,38 @@ mod tests {
         let err = prepare(req).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::InvalidRequest);
         assert_eq!(err.extensions().get::<Sent>(), Some(&Sent::NotSent));
+    }
+
+    #[test]
+    fn connect_with_a_path_or_query_is_rejected_before_the_transport() {
+        for url in [
+            "https://proxy.example:443/tunnel?api_key=s3cret",
+            "https://proxy.example:443/tunnel",
+            "https://proxy.example:443/?api_key=s3cret",
+        ] {
+            let req = Request::connect(url).body(Body::empty()).unwrap();
+            let err = prepare(req).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidRequest, "{url}");
+            assert_eq!(err.extensions().get::<Sent>(), Some(&Sent::NotSent));
+            assert!(!format!("{err} {err:?}").contains("s3cret"));
+        }
+        // Host and port only (`/` is how `http::Uri` parses none) pass.
+        for url in ["https://proxy.example:443", "https://proxy.example:443/"] {
+            let req = Request::connect(url).body(Body::empty()).unwrap();
+            assert!(prepare(req).is_ok(), "{url}");
+        }
+        // An extended CONNECT (HTTP/2 `:protocol`) keeps its path.
+        let mut req = Request::connect("https://h.example/chat?room=1")
+            .body(Body::empty())
+            .unwrap();
+        req.extensions_mut()
+            .insert(hyper::ext::Protocol::from_static("websocket"));
+        assert!(prepare(req).is_ok());
+        // Other methods keep their path and query.
+        let req = Request::get("https://h.example/x?q=1")
+            .body(Body::empty())
+            .unwrap();
+        assert!(prepare(req).is_ok());
     }
 
     #[test]
