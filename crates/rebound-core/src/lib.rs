@@ -63,6 +63,7 @@ pub mod limit;
 pub mod metrics;
 pub mod trace;
 
+pub use crate::annotations::CertificateRejected;
 pub use crate::annotations::{
     Attempt, Attempts, BudgetLeft, Deadline, DelaySource, GateWait, IdempotencyKey, LimiterState,
     PreviousAttempt, ProposedDelay, Reason, RetryAfterHint, RetryStop, Sent, Verdict,

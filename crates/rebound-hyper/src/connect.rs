@@ -38,8 +38,13 @@
 //!    [`ErrorKind::Connect`].
 //! 2. **tls** (for `https` only): the rustls handshake, bounded by
 //!    [`Connector::tls_timeout`] measured from TCP-established →
-//!    [`TimeoutStage::Tls`]; a failed handshake (untrusted certificate, ...)
-//!    → [`ErrorKind::Tls`].
+//!    [`TimeoutStage::Tls`]; a failed handshake → [`ErrorKind::Tls`]. When
+//!    the server's certificate failed verification (unknown issuer, not
+//!    valid for the host name, expired, ...), the error's detail says why
+//!    (`tls error: invalid server certificate: unknown issuer`) and it
+//!    carries [`CertificateRejected`](rebound_core::annotations::CertificateRejected),
+//!    which the default classifier makes fatal: the next attempt would
+//!    meet the same certificate. Other handshake failures stay retryable.
 //!
 //! hyper-rustls's own connector runs both stages in one future with no
 //! handshake timeout, so the handshake is done here with tokio-rustls; the
