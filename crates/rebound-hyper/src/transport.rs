@@ -76,9 +76,7 @@
 //!
 //! The price of the second mechanism, and its false positives:
 //!
-//! * Knowing the connection means
-//!   [`capture_connection`](hyper_util::client::legacy::connect::capture_connection)
-//!   on the request: a watch channel, an `Arc` and one request extension
+//! * Knowing the connection means [`capture_connection`] on the request: a watch channel, an `Arc` and one request extension
 //!   (and, when the connection is handed the request, a clone of its
 //!   connection info) — about four small allocations per request. It is
 //!   paid only where HTTP/2 is possible: HTTP/2 enabled, an `https` URL
