@@ -15,10 +15,13 @@
 
 use std::time::Duration;
 
-use http::Version;
-use rebound::{Attempts, Backoff, Client, ClientBuilder, TimeoutStage, TlsRoots};
+use http::{Request, Version};
+use rebound::{
+    Attempts, Backoff, Body, Client, ClientBuilder, HyperTransport, TimeoutStage, TlsRoots,
+};
 use rebound_test::fault::{ConnectionAction, FaultServer};
 use tokio::time::{Instant, MissedTickBehavior};
+use tower::ServiceExt;
 
 /// Upper bound of any one test: far above what each needs.
 const TEST_LIMIT: Duration = Duration::from_secs(60);
@@ -173,6 +176,38 @@ async fn http1_over_tls_is_not_captured_and_still_recovers() {
         assert_eq!(res.status(), 200);
         assert_eq!(Attempts::of(res.extensions()), 2);
         assert_eq!(server.connections(), 2);
+    })
+    .await
+}
+
+#[tokio::test]
+async fn an_early_cancel_keeps_the_connection_a_long_wait_retires_it() {
+    bounded(async {
+        let server = one_answer_per_connection().await;
+        // The transport alone, as under a foreign timeout layer: an abandon
+        // after 300 ms of waiting for the head retires the connection.
+        let transport = HyperTransport::builder()
+            .tls_roots(TlsRoots::Custom(server.root_store().unwrap()))
+            .http2_retire_abandoned_after(ms(300))
+            .build()
+            .unwrap();
+        let get = |path: &str| Request::get(server.url(path)).body(Body::empty()).unwrap();
+        let res = transport.clone().oneshot(get("/one")).await.unwrap();
+        assert_eq!(res.version(), Version::HTTP_2);
+
+        // Cancelled after 50 ms: the connection stays pooled.
+        let early = tokio::time::timeout(ms(50), transport.clone().oneshot(get("/early"))).await;
+        assert!(early.is_err(), "the silent connection never answers");
+        // Abandoned after 400 ms: it went out on the same, silent
+        // connection (a fresh one would have answered at once), which is
+        // now retired.
+        let late = tokio::time::timeout(ms(400), transport.clone().oneshot(get("/late"))).await;
+        assert!(late.is_err(), "the early cancel kept the silent connection");
+        assert_eq!(server.connections(), 1);
+
+        let res = transport.clone().oneshot(get("/after")).await.unwrap();
+        assert_eq!(res.status(), 200);
+        assert_eq!(server.connections(), 2, "the long wait retired it");
     })
     .await
 }

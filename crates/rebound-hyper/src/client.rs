@@ -535,6 +535,7 @@ impl ClientBuilder {
             .transport
             .clone()
             .body_idle_timeout(self.body_idle)
+            .http2_retire_abandoned_after(retire_after(self.attempt))
             .build()?;
         self.assemble(transport)
     }
@@ -564,6 +565,7 @@ impl ClientBuilder {
             .transport
             .clone()
             .body_idle_timeout(self.body_idle)
+            .http2_retire_abandoned_after(retire_after(self.attempt))
             .build_with_tcp(tcp)?;
         self.assemble(transport)
     }
@@ -665,6 +667,15 @@ impl ClientBuilder {
             replay_cap: self.replay_cap,
         })
     }
+}
+
+/// An HTTP/2 attempt abandoned after this long waiting for its head was cut
+/// by the attempt timeout (its timer starts just before the transport's
+/// call, so a little less than the timeout itself), not cancelled early by
+/// its caller: its connection is retired (see
+/// [`TransportBuilder::http2_retire_abandoned_after`]).
+fn retire_after(attempt: Duration) -> Duration {
+    attempt - attempt / 8
 }
 
 // ===== impl Client =====

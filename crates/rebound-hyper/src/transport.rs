@@ -64,35 +64,43 @@
 //!   one PING, fewer than the strikes gRPC servers tolerate before a
 //!   `GOAWAY` (`too_many_pings`).
 //! * **Retiring on abandon**: when this service's [`ResponseFuture`] is
-//!   dropped while it still waits for the response head of a request
-//!   that went out on an HTTP/2 connection, that connection is poisoned
-//!   (hyper-util's [`Connected::poison`](hyper_util::client::legacy::connect::Connected::poison)):
-//!   the pool never hands it out
-//!   again, so the retry and every later request get a fresh connection,
-//!   while the streams already on it run to their end. The attempt
-//!   timeout above this service drops the future when it fires, so a
-//!   headers timeout heals at once; the transport needs no knowledge of
-//!   that layer, only of being abandoned (DESIGN principle 3).
+//!   dropped while it still waits for the response head of a request that
+//!   went out on an HTTP/2 connection, after waiting at least
+//!   [`http2_retire_abandoned_after`](TransportBuilder::http2_retire_abandoned_after),
+//!   that connection is poisoned (hyper-util's
+//!   [`Connected::poison`](hyper_util::client::legacy::connect::Connected::poison)):
+//!   the pool never hands it out again, so the retry and every later
+//!   request get a fresh connection, while the streams already on it run
+//!   to their end. A timeout layer above this service drops the future
+//!   when it fires, so a headers timeout heals at once. The transport
+//!   knows nothing of that layer, only that it was abandoned after a given
+//!   wait (DESIGN principle 3); whoever assembles both sets the wait, as
+//!   [`ClientBuilder`](crate::ClientBuilder) does (7/8 of its attempt
+//!   timeout, since the attempt's timer starts just before this service is
+//!   called). Default for the transport alone: zero, every abandon
+//!   retires.
 //!
 //! The price of the second mechanism, and its false positives:
 //!
-//! * Knowing the connection means [`capture_connection`] on the request: a watch channel, an `Arc` and one request extension
-//!   (and, when the connection is handed the request, a clone of its
-//!   connection info) — about four small allocations per request. It is
-//!   paid only where HTTP/2 is possible: HTTP/2 enabled, an `https` URL
-//!   (h2 is negotiated by ALPN only), and once this transport has
-//!   negotiated `h2` on some connection. Plain `http`, `http2(false)`, and
-//!   TLS servers that only speak HTTP/1.1 pay one atomic load. (A request
-//!   sent before the first `h2` handshake completed is not captured; the
-//!   keep-alive PING still covers it.)
-//! * Every abandon retires the connection, not only a timeout: a caller
-//!   that drops or cancels an HTTP/2 request before its head (or a losing
-//!   hedge) costs one new connection (TCP and TLS handshake) for the next
-//!   request. Streams in flight on the retired connection are not
-//!   affected. Telling a timeout from a cancellation would need the
-//!   attempt timeout's deadline on every request (an extension insert,
-//!   i.e. an allocation, on the happy path of every layer's user); a
-//!   handshake per cancelled request is the cheaper side.
+//! * Knowing the connection means [`capture_connection`] on the request:
+//!   a watch channel, an `Arc` and one request extension (and, when the
+//!   connection is handed the request, a clone of its connection info) —
+//!   about four small allocations per request — plus one clock read when
+//!   the wait is measured. It is paid only where HTTP/2 is possible:
+//!   HTTP/2 enabled, an `https` URL (h2 is negotiated by ALPN only), and
+//!   once this transport has negotiated `h2` on some connection. Plain
+//!   `http`, `http2(false)`, and TLS servers that only speak HTTP/1.1 pay
+//!   one atomic load. (A request sent before the first `h2` handshake
+//!   completed is not captured; the keep-alive PING still covers it.)
+//! * An abandon is not always a timeout. A caller that cancels an HTTP/2
+//!   request (or a losing hedge) before the wait keeps the connection; one
+//!   that cancels later (in the ready-made client: after 7/8 of the
+//!   attempt timeout), or an attempt cut by the total deadline after that
+//!   long, retires a connection that may be healthy: one new connection
+//!   (TCP and TLS handshake) for the next request. Streams in flight on a
+//!   retired connection are not affected. Telling the causes apart
+//!   exactly would need the attempt's own deadline on every request (an
+//!   extension insert, i.e. an allocation, on every user's happy path).
 //! * An abandoned HTTP/1 request needs nothing: hyper does not return a
 //!   connection with an unfinished exchange to the pool.
 //!
@@ -140,6 +148,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use rebound_core::redact::authority_without_userinfo;
 use rebound_core::{BoxError, Error, ErrorKind, Sent};
 use rustls::ClientConfig;
+use tokio::time::Instant;
 use tower_service::Service;
 
 use crate::body::Body;
@@ -174,6 +183,7 @@ pub struct TransportBuilder {
     h2_keep_alive_interval: Option<Duration>,
     h2_keep_alive_timeout: Duration,
     h2_keep_alive_while_idle: bool,
+    h2_retire_after: Option<Duration>,
 }
 
 impl Default for TransportBuilder {
@@ -191,6 +201,7 @@ impl Default for TransportBuilder {
             h2_keep_alive_interval: Some(DEFAULT_HTTP2_KEEP_ALIVE_INTERVAL),
             h2_keep_alive_timeout: DEFAULT_HTTP2_KEEP_ALIVE_TIMEOUT,
             h2_keep_alive_while_idle: false,
+            h2_retire_after: Some(Duration::ZERO),
         }
     }
 }
@@ -213,6 +224,7 @@ impl fmt::Debug for TransportBuilder {
                 "http2_keep_alive_while_idle",
                 &self.h2_keep_alive_while_idle,
             )
+            .field("http2_retire_abandoned_after", &self.h2_retire_after)
             .finish()
     }
 }
@@ -314,6 +326,21 @@ impl TransportBuilder {
         self
     }
 
+    /// Retire an HTTP/2 connection from the pool when a request on it is
+    /// abandoned (its [`ResponseFuture`] dropped) after waiting at least
+    /// `after` for its response head, so that later requests do not go to a
+    /// connection that may have gone silent; `None` never retires one. A
+    /// timeout layer above the transport should set this to (a little less
+    /// than) its own timeout, so that a caller cancelling early keeps the
+    /// connection; see the [module docs](self#a-silent-http2-connection).
+    /// Default: zero (every abandoned HTTP/2 request retires its
+    /// connection). [`ClientBuilder`](crate::ClientBuilder) sets it to 7/8 of
+    /// its attempt timeout.
+    pub fn http2_retire_abandoned_after(mut self, after: impl Into<Option<Duration>>) -> Self {
+        self.h2_retire_after = after.into();
+        self
+    }
+
     /// The configured connect timeout.
     pub fn get_connect_timeout(&self) -> Duration {
         self.connect_timeout
@@ -392,7 +419,10 @@ impl TransportBuilder {
         Ok(HyperTransport {
             client,
             body,
-            h2_seen: self.http2.then_some(h2_seen),
+            retire: match self.h2_retire_after {
+                Some(after) if self.http2 => Some(Retire { h2_seen, after }),
+                _ => None,
+            },
         })
     }
 }
@@ -404,11 +434,19 @@ impl TransportBuilder {
 pub struct HyperTransport<C = HttpConnector> {
     client: HyperClient<Connector<C>, Body>,
     body: BodyTimeouts,
-    /// Set by the connector once it negotiated `h2` on any connection;
-    /// `None` when HTTP/2 is off (no connection can be HTTP/2, so no
-    /// request is captured). See the module docs, "A silent HTTP/2
-    /// connection".
-    h2_seen: Option<Arc<AtomicBool>>,
+    /// `None` when HTTP/2 is off (no connection can be HTTP/2) or
+    /// retiring is off: no request is captured.
+    retire: Option<Retire>,
+}
+
+/// When an abandoned request retires its HTTP/2 connection; see the
+/// module docs, "A silent HTTP/2 connection".
+#[derive(Clone)]
+struct Retire {
+    /// Set by the connector once it negotiated `h2` on any connection.
+    h2_seen: Arc<AtomicBool>,
+    /// The least wait for the head after which an abandon retires.
+    after: Duration,
 }
 
 impl HyperTransport {
@@ -430,7 +468,7 @@ impl<C: Clone> Clone for HyperTransport<C> {
         HyperTransport {
             client: self.client.clone(),
             body: self.body,
-            h2_seen: self.h2_seen.clone(),
+            retire: self.retire.clone(),
         }
     }
 }
@@ -474,11 +512,17 @@ where
         // captured (it costs a watch channel and an extension): HTTP/2 is
         // on, it is `https` (h2 is negotiated by ALPN only), and this
         // transport has negotiated h2 at least once.
-        let connection = match &self.h2_seen {
-            Some(seen)
-                if seen.load(Ordering::Relaxed) && req.uri().scheme() == Some(&Scheme::HTTPS) =>
+        let connection = match &self.retire {
+            Some(retire)
+                if retire.h2_seen.load(Ordering::Relaxed)
+                    && req.uri().scheme() == Some(&Scheme::HTTPS) =>
             {
-                Some(capture_connection(&mut req))
+                Some(Captured {
+                    connection: capture_connection(&mut req),
+                    // The clock is read only when a wait must be measured.
+                    since: (!retire.after.is_zero()).then(Instant::now),
+                    after: retire.after,
+                })
             }
             _ => None,
         };
@@ -610,7 +654,17 @@ pub struct ResponseFuture {
     body: BodyTimeouts,
     /// The connection the request went out on, for requests that may be
     /// sent over HTTP/2.
-    connection: Option<CaptureConnection>,
+    connection: Option<Captured>,
+}
+
+/// A request's connection, captured to retire it if the request is
+/// abandoned.
+struct Captured {
+    connection: CaptureConnection,
+    /// When the request was handed to hyper-util; `None` when any abandon
+    /// retires (`after` is zero).
+    since: Option<Instant>,
+    after: Duration,
 }
 
 impl Drop for ResponseFuture {
@@ -619,13 +673,17 @@ impl Drop for ResponseFuture {
         if self.request.is_none() || !matches!(self.state, State::Sending(_)) {
             return;
         }
-        let Some(connection) = &self.connection else {
+        let Some(captured) = &self.connection else {
             return;
         };
+        if captured.since.is_some_and(|t| t.elapsed() < captured.after) {
+            // Abandoned early: a caller's cancellation, not a timeout.
+            return;
+        }
         // `None`: dropped before a connection was handed the request
         // (while connecting); an HTTP/1 connection is not reused after an
         // abandoned request anyway.
-        if let Some(connected) = connection.connection_metadata().as_ref() {
+        if let Some(connected) = captured.connection.connection_metadata().as_ref() {
             if connected.is_negotiated_h2() {
                 connected.poison();
             }
@@ -755,6 +813,7 @@ mod tests {
         );
         assert_eq!(b.h2_keep_alive_timeout, DEFAULT_HTTP2_KEEP_ALIVE_TIMEOUT);
         assert!(!b.h2_keep_alive_while_idle);
+        assert_eq!(b.h2_retire_after, Some(Duration::ZERO));
         let err = TransportBuilder::new()
             .http2_keep_alive_timeout(Duration::ZERO)
             .build()
