@@ -62,7 +62,10 @@
 //!   frame is older than the interval). 20 s stays below the body idle
 //!   timeout of the ready-made client (30 s), so a quiet body sees at most
 //!   one PING, fewer than the strikes gRPC servers tolerate before a
-//!   `GOAWAY` (`too_many_pings`).
+//!   `GOAWAY` (`too_many_pings`). Its cost, inside hyper and on HTTP/2
+//!   only: a timer per connection, and per frame received a lock of a
+//!   per-connection mutex and a clock read (to know the last frame's
+//!   time).
 //! * **Retiring on abandon**: when this service's [`ResponseFuture`] is
 //!   dropped while it still waits for the response head of a request that
 //!   went out on an HTTP/2 connection, after waiting at least
