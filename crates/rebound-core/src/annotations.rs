@@ -7,7 +7,8 @@
 //!   [`IdempotencyKey`], [`PreviousAttempt`].
 //! * **On the outcome, going up** (the response's extensions, or the
 //!   [`Error`](crate::Error)'s own [`extensions`](crate::Error::extensions)):
-//!   [`Verdict`], [`RetryAfterHint`], [`ProposedDelay`].
+//!   [`Verdict`], [`RetryAfterHint`], [`ProposedDelay`]; and facts only a
+//!   transport can see, such as [`CertificateRejected`].
 //! * **On what the caller finally gets:** [`Attempts`] and, when the retry
 //!   loop stopped short of success, [`RetryStop`].
 //! * **State for observers** (read by the trace layers and metrics, written
@@ -145,6 +146,29 @@ impl fmt::Display for Sent {
         f.write_str(self.as_str())
     }
 }
+
+/// The server's TLS certificate failed verification: unknown issuer,
+/// expired or not yet valid, not valid for the host name, bad signature,
+/// revoked, ... The text is a short, secret-free reason such as
+/// `"unknown issuer"`.
+///
+/// Put by a transport in the extensions of its
+/// [`Tls`](crate::ErrorKind::Tls) error, to tell a certificate that will be
+/// the same on every attempt from a handshake that may succeed next time.
+/// The default classifier makes such an error `Fatal`: no retry.
+///
+/// ```
+/// use rebound_core::annotations::CertificateRejected;
+/// use rebound_core::classify::HttpClassifier;
+/// use rebound_core::{Error, ErrorKind};
+///
+/// let mut err = Error::new(ErrorKind::Tls);
+/// assert!(HttpClassifier::default().classify_error(&err).is_retryable());
+/// err.extensions_mut().insert(CertificateRejected("unknown issuer"));
+/// assert!(HttpClassifier::default().classify_error(&err).is_fatal());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CertificateRejected(pub &'static str);
 
 /// Why an outcome was classified as it was: a short, secret-free text such as
 /// `"status 503"`, `"connect refused"` or `"body not replayable"`.

@@ -86,7 +86,7 @@ use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::annotations::{Reason, Sent, Verdict};
+use crate::annotations::{CertificateRejected, Reason, Sent, Verdict};
 use crate::error::{BoxError, Error, ErrorKind, TimeoutStage};
 
 /// Decides the [`Verdict`] of one attempt's outcome.
@@ -284,6 +284,11 @@ fn classify_error(err: &Error) -> Verdict {
             Some(("connect refused", _)) => ("connect refused", Sent::NotSent),
             _ => ("connect error", Sent::NotSent),
         },
+        // A certificate that failed verification is the same on the next
+        // attempt: not transient.
+        ErrorKind::Tls if err.extensions().get::<CertificateRejected>().is_some() => {
+            return fatal("tls certificate rejected")
+        }
         ErrorKind::Tls => ("tls handshake failed", Sent::NotSent),
         ErrorKind::Body => match classify_io(err) {
             Some((reason, Sent::MaybeProcessed)) => (reason, Sent::MaybeProcessed),

@@ -86,6 +86,7 @@ pub mod metrics;
 #[cfg_attr(docsrs, doc(cfg(feature = "trace")))]
 pub mod trace;
 
+pub use crate::annotations::CertificateRejected;
 pub use crate::annotations::{
     Attempt, Attempts, BudgetLeft, Deadline, DelaySource, GateWait, IdempotencyKey, LimiterState,
     PreviousAttempt, ProposedDelay, Reason, RetryAfterHint, RetryStop, Sent, Verdict,

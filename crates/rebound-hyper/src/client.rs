@@ -48,7 +48,7 @@
 //! | [`RetryAfterLayer`] | parses Retry-After / pushback into a hint | [`retry_after_cap`](ClientBuilder::retry_after_cap) |
 //! | [`ClassifyLayer`] | each attempt's [`Verdict`](rebound_core::Verdict) | [`classifier`](ClientBuilder::classifier) |
 //! | [`AttemptTimeoutLayer`] | time to the response head, per attempt | [`attempt_timeout`](ClientBuilder::attempt_timeout) |
-//! | [`HyperTransport`] | connect and TLS timeouts, body idle / rate timeouts | [`connect_timeout`](ClientBuilder::connect_timeout), ... |
+//! | [`HyperTransport`] | connect and TLS timeouts, body idle / rate timeouts, HTTP/2 keep-alive PING; retires an HTTP/2 connection whose attempt timed out | [`connect_timeout`](ClientBuilder::connect_timeout), [`http2_keep_alive_interval`](ClientBuilder::http2_keep_alive_interval), ... |
 //!
 //! A layer that is "off" stays in the stack configured as a pass-through
 //! (a limit no one reaches, an empty method set), so the client has one
@@ -367,6 +367,30 @@ impl ClientBuilder {
         self
     }
 
+    /// Send an HTTP/2 keep-alive PING when no frame has arrived for
+    /// `interval` while a request is in flight on the connection; `None`
+    /// turns keep-alive off. See
+    /// [`TransportBuilder::http2_keep_alive_interval`]. Default: 20 s.
+    pub fn http2_keep_alive_interval(mut self, interval: impl Into<Option<Duration>>) -> Self {
+        self.transport = self.transport.http2_keep_alive_interval(interval);
+        self
+    }
+
+    /// How long a keep-alive PING may wait for its acknowledgement before
+    /// the connection is closed. Default: 10 s.
+    pub fn http2_keep_alive_timeout(mut self, timeout: Duration) -> Self {
+        self.transport = self.transport.http2_keep_alive_timeout(timeout);
+        self
+    }
+
+    /// Also PING idle pooled HTTP/2 connections (see
+    /// [`TransportBuilder::http2_keep_alive_while_idle`] for the cost).
+    /// Default: `false`.
+    pub fn http2_keep_alive_while_idle(mut self, enabled: bool) -> Self {
+        self.transport = self.transport.http2_keep_alive_while_idle(enabled);
+        self
+    }
+
     /// Attempts in all for one logical request (1 = never retry).
     /// Default: 3.
     pub fn max_attempts(mut self, n: u32) -> Self {
@@ -511,6 +535,7 @@ impl ClientBuilder {
             .transport
             .clone()
             .body_idle_timeout(self.body_idle)
+            .http2_retire_abandoned_after(retire_after(self.attempt))
             .build()?;
         self.assemble(transport)
     }
@@ -540,6 +565,7 @@ impl ClientBuilder {
             .transport
             .clone()
             .body_idle_timeout(self.body_idle)
+            .http2_retire_abandoned_after(retire_after(self.attempt))
             .build_with_tcp(tcp)?;
         self.assemble(transport)
     }
@@ -641,6 +667,15 @@ impl ClientBuilder {
             replay_cap: self.replay_cap,
         })
     }
+}
+
+/// An HTTP/2 attempt abandoned after this long waiting for its head was cut
+/// by the attempt timeout (its timer starts just before the transport's
+/// call, so a little less than the timeout itself), not cancelled early by
+/// its caller: its connection is retired (see
+/// [`TransportBuilder::http2_retire_abandoned_after`]).
+fn retire_after(attempt: Duration) -> Duration {
+    attempt - attempt / 8
 }
 
 // ===== impl Client =====

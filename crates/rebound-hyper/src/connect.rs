@@ -38,8 +38,13 @@
 //!    [`ErrorKind::Connect`].
 //! 2. **tls** (for `https` only): the rustls handshake, bounded by
 //!    [`Connector::tls_timeout`] measured from TCP-established →
-//!    [`TimeoutStage::Tls`]; a failed handshake (untrusted certificate, ...)
-//!    → [`ErrorKind::Tls`].
+//!    [`TimeoutStage::Tls`]; a failed handshake → [`ErrorKind::Tls`]. When
+//!    the server's certificate failed verification (unknown issuer, not
+//!    valid for the host name, expired, ...), the error's detail says why
+//!    (`tls error: invalid server certificate: unknown issuer`) and it
+//!    carries [`CertificateRejected`](rebound_core::annotations::CertificateRejected),
+//!    which the default classifier makes fatal: the next attempt would
+//!    meet the same certificate. Other handshake failures stay retryable.
 //!
 //! hyper-rustls's own connector runs both stages in one future with no
 //! handshake timeout, so the handshake is done here with tokio-rustls; the
@@ -54,6 +59,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -158,6 +164,9 @@ pub struct Connector<C = HttpConnector> {
     tls: Arc<ClientConfig>,
     connect_timeout: Duration,
     tls_timeout: Duration,
+    /// Set once a handshake negotiated `h2` (shared by clones): the
+    /// transport captures connections only from then on.
+    h2_seen: Arc<AtomicBool>,
 }
 
 impl Connector<HttpConnector> {
@@ -185,7 +194,14 @@ impl<C> Connector<C> {
             tls,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             tls_timeout: DEFAULT_TLS_TIMEOUT,
+            h2_seen: Arc::new(AtomicBool::new(false)),
         }
+    }
+
+    /// The flag set once a handshake of this connector (or a clone)
+    /// negotiated `h2`.
+    pub(crate) fn h2_seen(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.h2_seen)
     }
 
     /// The time allowed for the TCP stage (DNS and every address tried).
@@ -285,6 +301,7 @@ where
         };
         let connect_timeout = self.connect_timeout;
         let tls_timeout = self.tls_timeout;
+        let h2_seen = Arc::clone(&self.h2_seen);
         let connecting = self.tcp.call(dst);
         Box::pin(async move {
             let tcp = match tokio::time::timeout(connect_timeout, connecting).await {
@@ -310,7 +327,12 @@ where
                     ErrorKind::Tls,
                     TimeoutStage::Tls,
                 )),
-                Ok(Ok(stream)) => Ok(MaybeHttpsStream::from(stream)),
+                Ok(Ok(stream)) => {
+                    if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
+                        h2_seen.store(true, Ordering::Relaxed);
+                    }
+                    Ok(MaybeHttpsStream::from(stream))
+                }
             }
         })
     }

@@ -17,12 +17,19 @@
 //!   which only fails streams above the server's last processed stream id)
 //!   → `NotSent`;
 //! * anything else → [`Sent::MaybeProcessed`].
+//!
+//! A TLS error whose chain holds rustls's `InvalidCertificate` (the
+//! server's certificate failed verification) also carries
+//! [`CertificateRejected`] with a short reason, and its detail names it
+//! (`tls error: invalid server certificate: unknown issuer`), so the
+//! classifier can tell it from a handshake that may work next time.
 
 use std::error::Error as StdError;
 use std::fmt;
 use std::io;
 
 use http::{Method, Request, Uri};
+use rebound_core::annotations::CertificateRejected;
 use rebound_core::{BoxError, Error, ErrorKind, Sent};
 
 /// What an error says about its request: method and URI, kept only to call
@@ -100,7 +107,7 @@ pub(crate) fn describe(err: &(dyn StdError + 'static)) -> Option<&'static str> {
         }
         if let Some(tls) = e.downcast_ref::<rustls::Error>() {
             return Some(match tls {
-                rustls::Error::InvalidCertificate(_) => "invalid server certificate",
+                rustls::Error::InvalidCertificate(c) => certificate_problem(c).0,
                 rustls::Error::NoApplicationProtocol => "no common application protocol",
                 rustls::Error::AlertReceived(_) => "alert received from the server",
                 rustls::Error::PeerIncompatible(_) => "server incompatible",
@@ -123,6 +130,59 @@ pub(crate) fn describe(err: &(dyn StdError + 'static)) -> Option<&'static str> {
         }
     }
     None
+}
+
+/// What is wrong with a certificate that failed verification: the error's
+/// detail and the [`CertificateRejected`] reason. Static texts only: the
+/// context some variants carry (names, times) is not shown.
+fn certificate_problem(err: &rustls::CertificateError) -> (&'static str, &'static str) {
+    use rustls::CertificateError as C;
+    #[allow(deprecated)]
+    match err {
+        C::UnknownIssuer => (
+            "invalid server certificate: unknown issuer",
+            "unknown issuer",
+        ),
+        C::NotValidForName | C::NotValidForNameContext { .. } => (
+            "invalid server certificate: not valid for the host name",
+            "not valid for the host name",
+        ),
+        C::Expired | C::ExpiredContext { .. } => ("invalid server certificate: expired", "expired"),
+        C::NotValidYet | C::NotValidYetContext { .. } => {
+            ("invalid server certificate: not valid yet", "not valid yet")
+        }
+        C::Revoked => ("invalid server certificate: revoked", "revoked"),
+        C::BadSignature
+        | C::UnsupportedSignatureAlgorithm
+        | C::UnsupportedSignatureAlgorithmContext { .. }
+        | C::UnsupportedSignatureAlgorithmForPublicKeyContext { .. } => (
+            "invalid server certificate: bad or unsupported signature",
+            "bad signature",
+        ),
+        C::InvalidPurpose | C::InvalidPurposeContext { .. } => (
+            "invalid server certificate: not for server authentication",
+            "not for server authentication",
+        ),
+        C::BadEncoding => ("invalid server certificate: bad encoding", "bad encoding"),
+        C::UnknownRevocationStatus
+        | C::ExpiredRevocationList
+        | C::ExpiredRevocationListContext { .. } => (
+            "invalid server certificate: revocation status unknown",
+            "revocation status unknown",
+        ),
+        _ => ("invalid server certificate", "rejected"),
+    }
+}
+
+/// The [`CertificateRejected`] fact, if the chain shows that the server's
+/// certificate failed verification.
+fn certificate_rejected(err: &(dyn StdError + 'static)) -> Option<CertificateRejected> {
+    chain(err).find_map(|e| match e.downcast_ref::<rustls::Error>() {
+        Some(rustls::Error::InvalidCertificate(c)) => {
+            Some(CertificateRejected(certificate_problem(c).1))
+        }
+        _ => None,
+    })
 }
 
 /// Whether the chain shows that the request was certainly not processed.
@@ -176,6 +236,11 @@ pub(crate) fn from_client(err: hyper_util::client::legacy::Error) -> Error {
     if let Some(detail) = detail {
         out = out.with_detail(detail);
     }
+    if kind == ErrorKind::Tls {
+        if let Some(rejected) = certificate_rejected(dyn_err) {
+            out.extensions_mut().insert(rejected);
+        }
+    }
     with_sent(out.with_source(err), sent)
 }
 
@@ -200,10 +265,15 @@ pub(crate) fn from_connect_stage(
     } else {
         Error::new(kind)
     };
-    let out = match describe(dyn_err) {
+    let mut out = match describe(dyn_err) {
         Some(detail) if !timed_out => out.with_detail(detail),
         _ => out,
     };
+    if kind == ErrorKind::Tls && !timed_out {
+        if let Some(rejected) = certificate_rejected(dyn_err) {
+            out.extensions_mut().insert(rejected);
+        }
+    }
     with_sent(out.with_source(err), Sent::NotSent)
 }
 
@@ -256,7 +326,10 @@ mod tests {
             io::ErrorKind::InvalidData,
             rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
         );
-        assert_eq!(describe(&tls), Some("invalid server certificate"));
+        assert_eq!(
+            describe(&tls),
+            Some("invalid server certificate: unknown issuer")
+        );
     }
 
     #[test]
@@ -279,6 +352,53 @@ mod tests {
             rebound_core::TimeoutStage::Connect,
         );
         assert_eq!(e.timeout_stage(), Some(rebound_core::TimeoutStage::Connect));
+    }
+
+    #[test]
+    fn certificate_failures_are_marked_and_fatal() {
+        use rebound_core::classify::HttpClassifier;
+        use rustls::CertificateError as C;
+        for (cert, reason) in [
+            (C::UnknownIssuer, "unknown issuer"),
+            (C::NotValidForName, "not valid for the host name"),
+            (C::Expired, "expired"),
+            (C::Revoked, "revoked"),
+        ] {
+            let io = io::Error::new(
+                io::ErrorKind::InvalidData,
+                rustls::Error::InvalidCertificate(cert),
+            );
+            let e = from_connect_stage(
+                Box::new(io),
+                ErrorKind::Tls,
+                rebound_core::TimeoutStage::Tls,
+            );
+            assert!(e.is_tls());
+            assert_eq!(
+                e.extensions().get::<CertificateRejected>(),
+                Some(&CertificateRejected(reason))
+            );
+            assert_eq!(
+                e.to_string(),
+                format!("tls error: invalid server certificate: {reason}")
+            );
+            let v = HttpClassifier::default().classify_error(&e);
+            assert!(v.is_fatal(), "{reason}: {v}");
+        }
+        // Any other handshake failure stays a retryable TLS error.
+        let io = io::Error::new(
+            io::ErrorKind::InvalidData,
+            rustls::Error::AlertReceived(rustls::AlertDescription::HandshakeFailure),
+        );
+        let e = from_connect_stage(
+            Box::new(io),
+            ErrorKind::Tls,
+            rebound_core::TimeoutStage::Tls,
+        );
+        assert!(e.is_tls());
+        assert!(e.extensions().get::<CertificateRejected>().is_none());
+        let v = HttpClassifier::default().classify_error(&e);
+        assert_eq!(v.sent(), Some(Sent::NotSent), "{v}");
     }
 
     #[test]

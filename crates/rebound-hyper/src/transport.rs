@@ -41,6 +41,82 @@
 //!   re-sends happen inside one call of this service, so the retry layer
 //!   above counts them as one attempt, never twice.
 //!
+//! # A silent HTTP/2 connection
+//!
+//! An HTTP/2 connection carries every request to its host, and hyper-util's
+//! pool refreshes its idle time on every checkout. A peer that dies with
+//! the socket open (no `GOAWAY`, no reset: a crashed middlebox, a dropped
+//! NAT mapping) would otherwise get every attempt of every request for as
+//! long as traffic continues. Two mechanisms retire it:
+//!
+//! * **Keep-alive PING**, on by default: when no frame has arrived for
+//!   [`DEFAULT_HTTP2_KEEP_ALIVE_INTERVAL`] (20 s) while a request or a
+//!   response body is in flight on the connection, hyper sends a PING, and
+//!   closes the connection (failing its streams) if the acknowledgement
+//!   does not come within [`DEFAULT_HTTP2_KEEP_ALIVE_TIMEOUT`] (10 s). Any
+//!   frame read counts as life, so a busy healthy connection is never
+//!   pinged. Idle pooled connections are not pinged by default
+//!   ([`TransportBuilder::http2_keep_alive_while_idle`]): gRPC servers
+//!   answer frequent PINGs without streams with `GOAWAY`, and a stale idle
+//!   connection is pinged as soon as a request uses it anyway (its last
+//!   frame is older than the interval). 20 s stays below the body idle
+//!   timeout of the ready-made client (30 s), so a quiet body sees at most
+//!   one PING, fewer than the strikes gRPC servers tolerate before a
+//!   `GOAWAY` (`too_many_pings`). Its cost, inside hyper and on HTTP/2
+//!   only: a timer per connection, and per frame received a lock of a
+//!   per-connection mutex and a clock read (to know the last frame's
+//!   time).
+//! * **Retiring on abandon**: when this service's [`ResponseFuture`] is
+//!   dropped while it still waits for the response head of a request that
+//!   went out on an HTTP/2 connection, after waiting at least
+//!   [`http2_retire_abandoned_after`](TransportBuilder::http2_retire_abandoned_after),
+//!   that connection is poisoned (hyper-util's
+//!   [`Connected::poison`](hyper_util::client::legacy::connect::Connected::poison)):
+//!   the pool never hands it out again, so the retry and every later
+//!   request get a fresh connection, while the streams already on it run
+//!   to their end. A timeout layer above this service drops the future
+//!   when it fires, so a headers timeout heals at once. The transport
+//!   knows nothing of that layer, only that it was abandoned after a given
+//!   wait (DESIGN principle 3); whoever assembles both sets the wait, as
+//!   [`ClientBuilder`](crate::ClientBuilder) does (7/8 of its attempt
+//!   timeout, since the attempt's timer starts just before this service is
+//!   called). Default for the transport alone: zero, every abandon
+//!   retires.
+//!
+//! The price of the second mechanism, and its false positives:
+//!
+//! * Knowing the connection means [`capture_connection`] on the request:
+//!   a watch channel, an `Arc` and one request extension (and, when the
+//!   connection is handed the request, a clone of its connection info) —
+//!   about four small allocations per request — plus one clock read when
+//!   the wait is measured. It is paid only where HTTP/2 is possible:
+//!   HTTP/2 enabled, an `https` URL (h2 is negotiated by ALPN only), and
+//!   once this transport has negotiated `h2` on some connection. Plain
+//!   `http`, `http2(false)`, and TLS servers that only speak HTTP/1.1 pay
+//!   one atomic load. (A request sent before the first `h2` handshake
+//!   completed is not captured; the keep-alive PING still covers it.)
+//! * An abandon is not always a timeout. A caller that cancels an HTTP/2
+//!   request (or a losing hedge) before the wait keeps the connection; one
+//!   that cancels later (in the ready-made client: after 7/8 of the
+//!   attempt timeout), or an attempt cut by the total deadline after that
+//!   long, retires a connection that may be healthy: one new connection
+//!   (TCP and TLS handshake) for the next request. Streams in flight on a
+//!   retired connection are not affected. Telling the causes apart
+//!   exactly would need the attempt's own deadline on every request (an
+//!   extension insert, i.e. an allocation, on every user's happy path).
+//! * An abandoned HTTP/1 request needs nothing: hyper does not return a
+//!   connection with an unfinished exchange to the pool.
+//!
+//! # CONNECT
+//!
+//! A `CONNECT` request names only `host:port`. One whose URL has a path or
+//! a query (other than the `/` that `http::Uri` parses for none) is refused
+//! with an [`InvalidRequest`](ErrorKind::InvalidRequest) error, marked
+//! [`Sent::NotSent`], before it reaches hyper-util, which would strip them
+//! and log both at WARN — a query string (often a key) in a log line. An
+//! extended CONNECT (RFC 8441, with a `hyper::ext::Protocol` extension)
+//! keeps its path, as HTTP/2 sends it.
+//!
 //! # Userinfo in the URL
 //!
 //! hyper-util's pool logs the URI's authority at TRACE level, userinfo
@@ -57,20 +133,25 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::header::AUTHORIZATION;
-use http::{HeaderValue, Request, Response, Uri};
+use http::uri::Scheme;
+use http::{HeaderValue, Method, Request, Response, Uri};
 use hyper::body::Incoming;
 use hyper::rt;
-use hyper_util::client::legacy::connect::{Connect, Connection, HttpConnector};
+use hyper_util::client::legacy::connect::{
+    capture_connection, CaptureConnection, Connect, Connection, HttpConnector,
+};
 use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use rebound_core::redact::authority_without_userinfo;
 use rebound_core::{BoxError, Error, ErrorKind, Sent};
 use rustls::ClientConfig;
+use tokio::time::Instant;
 use tower_service::Service;
 
 use crate::body::Body;
@@ -80,6 +161,12 @@ use crate::response_body::{validate, BodyTimeouts, MinBodyRate, ResponseBody};
 
 /// Default [`TransportBuilder::pool_idle_timeout`]: 90 s.
 pub const DEFAULT_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// Default [`TransportBuilder::http2_keep_alive_interval`]: 20 s without a
+/// frame from the server (while a stream is open) before a PING is sent.
+pub const DEFAULT_HTTP2_KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(20);
+/// Default [`TransportBuilder::http2_keep_alive_timeout`]: 10 s for the
+/// PING's acknowledgement before the connection is closed.
+pub const DEFAULT_HTTP2_KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 // ===== impl TransportBuilder =====
 
@@ -96,6 +183,10 @@ pub struct TransportBuilder {
     http2: bool,
     pool_idle_timeout: Duration,
     pool_max_idle_per_host: usize,
+    h2_keep_alive_interval: Option<Duration>,
+    h2_keep_alive_timeout: Duration,
+    h2_keep_alive_while_idle: bool,
+    h2_retire_after: Option<Duration>,
 }
 
 impl Default for TransportBuilder {
@@ -110,6 +201,10 @@ impl Default for TransportBuilder {
             http2: true,
             pool_idle_timeout: DEFAULT_POOL_IDLE_TIMEOUT,
             pool_max_idle_per_host: usize::MAX,
+            h2_keep_alive_interval: Some(DEFAULT_HTTP2_KEEP_ALIVE_INTERVAL),
+            h2_keep_alive_timeout: DEFAULT_HTTP2_KEEP_ALIVE_TIMEOUT,
+            h2_keep_alive_while_idle: false,
+            h2_retire_after: Some(Duration::ZERO),
         }
     }
 }
@@ -125,6 +220,14 @@ impl fmt::Debug for TransportBuilder {
             .field("custom_tls_config", &self.tls_config.is_some())
             .field("http2", &self.http2)
             .field("pool_idle_timeout", &self.pool_idle_timeout)
+            .field("pool_max_idle_per_host", &self.pool_max_idle_per_host)
+            .field("http2_keep_alive_interval", &self.h2_keep_alive_interval)
+            .field("http2_keep_alive_timeout", &self.h2_keep_alive_timeout)
+            .field(
+                "http2_keep_alive_while_idle",
+                &self.h2_keep_alive_while_idle,
+            )
+            .field("http2_retire_abandoned_after", &self.h2_retire_after)
             .finish()
     }
 }
@@ -195,6 +298,52 @@ impl TransportBuilder {
         self
     }
 
+    /// Send an HTTP/2 PING when no frame has arrived from the server for
+    /// `interval` while a request or response is in flight on the
+    /// connection (and also while it sits idle in the pool, with
+    /// [`http2_keep_alive_while_idle`](Self::http2_keep_alive_while_idle));
+    /// a PING not acknowledged within the
+    /// [keep-alive timeout](Self::http2_keep_alive_timeout) closes the
+    /// connection, failing its streams. `None` turns keep-alive off.
+    /// Default: [`DEFAULT_HTTP2_KEEP_ALIVE_INTERVAL`] (20 s).
+    pub fn http2_keep_alive_interval(mut self, interval: impl Into<Option<Duration>>) -> Self {
+        self.h2_keep_alive_interval = interval.into();
+        self
+    }
+
+    /// How long a keep-alive PING may wait for its acknowledgement before
+    /// the connection is closed. Default:
+    /// [`DEFAULT_HTTP2_KEEP_ALIVE_TIMEOUT`] (10 s).
+    pub fn http2_keep_alive_timeout(mut self, timeout: Duration) -> Self {
+        self.h2_keep_alive_timeout = timeout;
+        self
+    }
+
+    /// Also send keep-alive PINGs on HTTP/2 connections with no request in
+    /// flight, so a dead idle connection is closed before a request picks
+    /// it. Some servers treat PINGs without streams as abuse (gRPC servers
+    /// by default answer them with `GOAWAY` `ENHANCE_YOUR_CALM`). Default:
+    /// `false`.
+    pub fn http2_keep_alive_while_idle(mut self, enabled: bool) -> Self {
+        self.h2_keep_alive_while_idle = enabled;
+        self
+    }
+
+    /// Retire an HTTP/2 connection from the pool when a request on it is
+    /// abandoned (its [`ResponseFuture`] dropped) after waiting at least
+    /// `after` for its response head, so that later requests do not go to a
+    /// connection that may have gone silent; `None` never retires one. A
+    /// timeout layer above the transport should set this to (a little less
+    /// than) its own timeout, so that a caller cancelling early keeps the
+    /// connection; see the [module docs](self#a-silent-http2-connection).
+    /// Default: zero (every abandoned HTTP/2 request retires its
+    /// connection). [`ClientBuilder`](crate::ClientBuilder) sets it to 7/8 of
+    /// its attempt timeout.
+    pub fn http2_retire_abandoned_after(mut self, after: impl Into<Option<Duration>>) -> Self {
+        self.h2_retire_after = after.into();
+        self
+    }
+
     /// The configured connect timeout.
     pub fn get_connect_timeout(&self) -> Duration {
         self.connect_timeout
@@ -234,6 +383,12 @@ impl TransportBuilder {
         C::Error: Into<BoxError>,
     {
         let pool_idle_timeout = validate("pool idle timeout", self.pool_idle_timeout)?;
+        let h2_keep_alive_interval = self
+            .h2_keep_alive_interval
+            .map(|d| validate("HTTP/2 keep-alive interval", d))
+            .transpose()?;
+        let h2_keep_alive_timeout =
+            validate("HTTP/2 keep-alive timeout", self.h2_keep_alive_timeout)?;
         let mut body = BodyTimeouts::new();
         if let Some(idle) = self.body_idle_timeout {
             body = body.idle(idle)?;
@@ -253,14 +408,25 @@ impl TransportBuilder {
         let connector = Connector::new(tcp, tls)
             .connect_timeout(self.connect_timeout)?
             .tls_timeout(self.tls_timeout)?;
+        let h2_seen = connector.h2_seen();
         let client = HyperClient::builder(TokioExecutor::new())
             .timer(TokioTimer::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(pool_idle_timeout)
             .pool_max_idle_per_host(self.pool_max_idle_per_host)
             .retry_canceled_requests(true)
+            .http2_keep_alive_interval(h2_keep_alive_interval)
+            .http2_keep_alive_timeout(h2_keep_alive_timeout)
+            .http2_keep_alive_while_idle(self.h2_keep_alive_while_idle)
             .build(connector);
-        Ok(HyperTransport { client, body })
+        Ok(HyperTransport {
+            client,
+            body,
+            retire: match self.h2_retire_after {
+                Some(after) if self.http2 => Some(Retire { h2_seen, after }),
+                _ => None,
+            },
+        })
     }
 }
 
@@ -271,6 +437,19 @@ impl TransportBuilder {
 pub struct HyperTransport<C = HttpConnector> {
     client: HyperClient<Connector<C>, Body>,
     body: BodyTimeouts,
+    /// `None` when HTTP/2 is off (no connection can be HTTP/2) or
+    /// retiring is off: no request is captured.
+    retire: Option<Retire>,
+}
+
+/// When an abandoned request retires its HTTP/2 connection; see the
+/// module docs, "A silent HTTP/2 connection".
+#[derive(Clone)]
+struct Retire {
+    /// Set by the connector once it negotiated `h2` on any connection.
+    h2_seen: Arc<AtomicBool>,
+    /// The least wait for the head after which an abandon retires.
+    after: Duration,
 }
 
 impl HyperTransport {
@@ -292,6 +471,7 @@ impl<C: Clone> Clone for HyperTransport<C> {
         HyperTransport {
             client: self.client.clone(),
             body: self.body,
+            retire: self.retire.clone(),
         }
     }
 }
@@ -320,29 +500,62 @@ where
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let request = RequestName::of(&req);
-        let req = match prepare(req.map(Into::into)) {
+        let mut req = match prepare(req.map(Into::into)) {
             Ok(req) => req,
             Err(e) => {
                 return ResponseFuture {
                     state: State::Failed(Some(request.name(e))),
                     request: None,
                     body: self.body,
+                    connection: None,
                 }
             }
+        };
+        // Only a request that can end up on an HTTP/2 connection is
+        // captured (it costs a watch channel and an extension): HTTP/2 is
+        // on, it is `https` (h2 is negotiated by ALPN only), and this
+        // transport has negotiated h2 at least once.
+        let connection = match &self.retire {
+            Some(retire)
+                if retire.h2_seen.load(Ordering::Relaxed)
+                    && req.uri().scheme() == Some(&Scheme::HTTPS) =>
+            {
+                Some(Captured {
+                    connection: capture_connection(&mut req),
+                    // The clock is read only when a wait must be measured.
+                    since: (!retire.after.is_zero()).then(Instant::now),
+                    after: retire.after,
+                })
+            }
+            _ => None,
         };
         ResponseFuture {
             state: State::Sending(self.client.request(req)),
             request: Some(request),
             body: self.body,
+            connection,
         }
     }
 }
 
-/// Check the URI and move userinfo into an `Authorization` header.
+/// Check the URI (absolute; no path or query on a CONNECT) and move
+/// userinfo into an `Authorization` header.
 fn prepare(mut req: Request<Body>) -> Result<Request<Body>, Error> {
     let uri = req.uri();
     if uri.scheme().is_none() || uri.authority().is_none() {
         let mut e = Error::new(ErrorKind::InvalidRequest).with_detail("the URL must be absolute");
+        e.extensions_mut().insert(Sent::NotSent);
+        return Err(e);
+    }
+    if req.method() == Method::CONNECT
+        && req.extensions().get::<hyper::ext::Protocol>().is_none()
+        && uri.path_and_query().is_some_and(|pq| pq.as_str() != "/")
+    {
+        // A CONNECT names only `host:port`; hyper-util would strip the path
+        // and query, logging both at WARN (a query string in a log line).
+        // An extended CONNECT (RFC 8441, with a `:protocol`) keeps its path.
+        let mut e = Error::new(ErrorKind::InvalidRequest)
+            .with_detail("a CONNECT request's URL takes no path or query, only host and port");
         e.extensions_mut().insert(Sent::NotSent);
         return Err(e);
     }
@@ -432,11 +645,53 @@ enum State {
 }
 
 /// The response future of [`HyperTransport`].
+///
+/// Dropped while still waiting for the response head of a request sent on
+/// an HTTP/2 connection, it retires that connection from the pool (see the
+/// [module docs](self#a-silent-http2-connection)).
 #[must_use = "futures do nothing unless polled"]
 pub struct ResponseFuture {
     state: State,
+    /// `Some` until the future completes.
     request: Option<RequestName>,
     body: BodyTimeouts,
+    /// The connection the request went out on, for requests that may be
+    /// sent over HTTP/2.
+    connection: Option<Captured>,
+}
+
+/// A request's connection, captured to retire it if the request is
+/// abandoned.
+struct Captured {
+    connection: CaptureConnection,
+    /// When the request was handed to hyper-util; `None` when any abandon
+    /// retires (`after` is zero).
+    since: Option<Instant>,
+    after: Duration,
+}
+
+impl Drop for ResponseFuture {
+    fn drop(&mut self) {
+        // Completed (head or error), or never sent: nothing to retire.
+        if self.request.is_none() || !matches!(self.state, State::Sending(_)) {
+            return;
+        }
+        let Some(captured) = &self.connection else {
+            return;
+        };
+        if captured.since.is_some_and(|t| t.elapsed() < captured.after) {
+            // Abandoned early: a caller's cancellation, not a timeout.
+            return;
+        }
+        // `None`: dropped before a connection was handed the request
+        // (while connecting); an HTTP/1 connection is not reused after an
+        // abandoned request anyway.
+        if let Some(connected) = captured.connection.connection_metadata().as_ref() {
+            if connected.is_negotiated_h2() {
+                connected.poison();
+            }
+        }
+    }
 }
 
 impl fmt::Debug for ResponseFuture {
@@ -518,6 +773,73 @@ mod tests {
         let err = prepare(req).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::InvalidRequest);
         assert_eq!(err.extensions().get::<Sent>(), Some(&Sent::NotSent));
+    }
+
+    #[test]
+    fn connect_with_a_path_or_query_is_rejected_before_the_transport() {
+        for url in [
+            "https://proxy.example:443/tunnel?api_key=s3cret",
+            "https://proxy.example:443/tunnel",
+            "https://proxy.example:443/?api_key=s3cret",
+        ] {
+            let req = Request::connect(url).body(Body::empty()).unwrap();
+            let err = prepare(req).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidRequest, "{url}");
+            assert_eq!(err.extensions().get::<Sent>(), Some(&Sent::NotSent));
+            assert!(!format!("{err} {err:?}").contains("s3cret"));
+        }
+        // Host and port only (`/` is how `http::Uri` parses none) pass.
+        for url in ["https://proxy.example:443", "https://proxy.example:443/"] {
+            let req = Request::connect(url).body(Body::empty()).unwrap();
+            assert!(prepare(req).is_ok(), "{url}");
+        }
+        // An extended CONNECT (HTTP/2 `:protocol`) keeps its path.
+        let mut req = Request::connect("https://h.example/chat?room=1")
+            .body(Body::empty())
+            .unwrap();
+        req.extensions_mut()
+            .insert(hyper::ext::Protocol::from_static("websocket"));
+        assert!(prepare(req).is_ok());
+        // Other methods keep their path and query.
+        let req = Request::get("https://h.example/x?q=1")
+            .body(Body::empty())
+            .unwrap();
+        assert!(prepare(req).is_ok());
+    }
+
+    #[test]
+    fn http2_keep_alive_is_on_by_default_and_checked() {
+        let b = TransportBuilder::default();
+        assert_eq!(
+            b.h2_keep_alive_interval,
+            Some(DEFAULT_HTTP2_KEEP_ALIVE_INTERVAL)
+        );
+        assert_eq!(b.h2_keep_alive_timeout, DEFAULT_HTTP2_KEEP_ALIVE_TIMEOUT);
+        assert!(!b.h2_keep_alive_while_idle);
+        assert_eq!(b.h2_retire_after, Some(Duration::ZERO));
+        let err = TransportBuilder::new()
+            .http2_keep_alive_timeout(Duration::ZERO)
+            .build()
+            .unwrap_err();
+        assert!(err.is_config());
+        assert!(
+            err.to_string().contains("HTTP/2 keep-alive timeout"),
+            "{err}"
+        );
+        let err = TransportBuilder::new()
+            .http2_keep_alive_interval(Duration::ZERO)
+            .build()
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("HTTP/2 keep-alive interval"),
+            "{err}"
+        );
+        // `None` turns keep-alive off.
+        assert!(TransportBuilder::new()
+            .http2_keep_alive_interval(None)
+            .http2_keep_alive_while_idle(true)
+            .build()
+            .is_ok());
     }
 
     #[test]

@@ -795,3 +795,28 @@ async fn delays_follow_a_paused_clock() {
     assert!(started.elapsed() < Duration::from_secs(3600));
     assert!(server.requests()[0].received_at < started + Duration::from_secs(1));
 }
+
+#[tokio::test]
+async fn serve_then_silent_answers_n_requests_then_nothing() {
+    let server = FaultServer::builder()
+        .default(Action::status(200).body("ok"))
+        .default_connection(ConnectionAction::serve_then_silent(1))
+        .start()
+        .await;
+    // Two requests on one keep-alive connection: one answer, then silence
+    // (no response, no close) although the second was read and recorded.
+    let mut conn = connect_and_send(&server, &(get("/a") + &get("/b"))).await;
+    server.wait_for_requests(2, SOON).await.unwrap();
+    let (raw, end) = read_all(&mut conn, QUIET).await;
+    assert_eq!(end, End::Quiet);
+    let text = String::from_utf8_lossy(&raw);
+    assert_eq!(text.matches("HTTP/1.1 200").count(), 1, "{text}");
+    assert!(text.ends_with("ok"), "{text}");
+    assert_eq!(server.requests()[1].target, "/b");
+    assert_eq!(server.requests()[1].index_on_connection, 1);
+    // A new connection gets its one answer too.
+    let mut other = connect_and_send(&server, &get("/c")).await;
+    let (raw, _) = read_all(&mut other, QUIET).await;
+    assert!(String::from_utf8_lossy(&raw).starts_with("HTTP/1.1 200"));
+    assert_eq!(server.connections(), 2);
+}

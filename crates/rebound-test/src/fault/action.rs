@@ -279,6 +279,8 @@ pub struct ConnectionAction {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum ConnKind {
     Serve,
+    /// Serve this many requests, then go silent.
+    ServeThenSilent(usize),
     NeverRead,
     Close,
     Reset,
@@ -290,6 +292,20 @@ impl ConnectionAction {
     pub fn serve() -> Self {
         ConnectionAction {
             kind: ConnKind::Serve,
+        }
+    }
+
+    /// Serve the first `n` requests of the connection as
+    /// [`serve`](ConnectionAction::serve) does, then go silent: from the
+    /// next request on (which is still read and recorded), nothing more is
+    /// written on the connection — no response, no HTTP/2 PING or SETTINGS
+    /// acknowledgement, no `GOAWAY`, no reset — and what the client sends
+    /// is read and discarded, until the client leaves or the server is
+    /// dropped. This is what a client sees of a peer or a middlebox that
+    /// died with the socket open.
+    pub fn serve_then_silent(n: usize) -> Self {
+        ConnectionAction {
+            kind: ConnKind::ServeThenSilent(n),
         }
     }
 

@@ -123,8 +123,17 @@ struct Head {
 
 /// Serves requests on one connection until the client leaves, the script
 /// ends the connection, or a request is malformed.
-pub(crate) async fn serve<S: Socket>(mut io: S, connection: u64, shared: Arc<Shared>) {
+/// Serves requests until the client leaves; with `silent_after: Some(n)`,
+/// the request after the first `n` is recorded and never answered, and the
+/// connection only drains from then on.
+pub(crate) async fn serve<S: Socket>(
+    mut io: S,
+    connection: u64,
+    shared: Arc<Shared>,
+    silent_after: Option<usize>,
+) {
     let mut buf = BytesMut::with_capacity(8 * 1024);
+    let mut served = 0usize;
     loop {
         let head = match read_head(&mut io, &mut buf).await {
             Ok(Some(head)) => head,
@@ -160,6 +169,10 @@ pub(crate) async fn serve<S: Socket>(mut io: S, connection: u64, shared: Arc<Sha
             },
             body,
         );
+        if silent_after.is_some_and(|n| served >= n) {
+            return drain_until_closed(&mut io).await;
+        }
+        served += 1;
         let next = act(&mut io, &mut buf, action, is_head, &shared, &mut in_flight).await;
         match next {
             Ok(Next::KeepAlive) if keep_alive => {}

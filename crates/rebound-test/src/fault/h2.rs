@@ -4,7 +4,11 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
 use futures_util::stream;
@@ -14,6 +18,7 @@ use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Empty, StreamBody};
 use hyper::body::{Frame, Incoming as IncomingBody};
 use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -52,17 +57,92 @@ where
     }
 }
 
-/// Serves one HTTP/2 connection until the client leaves.
+/// Serves one HTTP/2 connection until the client leaves; with
+/// `silent_after: Some(n)`, the connection goes silent at its request
+/// after the first `n` (see [`Silenceable`]).
 pub(crate) async fn serve(
     io: tokio_rustls::server::TlsStream<TcpStream>,
     connection: u64,
     shared: Arc<Shared>,
     exec: Exec,
+    silent_after: Option<usize>,
 ) {
-    let svc = hyper::service::service_fn(move |req| handle(req, connection, Arc::clone(&shared)));
+    let silent = Arc::new(AtomicBool::new(false));
+    let io = Silenceable {
+        inner: io,
+        silent: Arc::clone(&silent),
+    };
+    let arrived = Arc::new(AtomicUsize::new(0));
+    let svc = hyper::service::service_fn(move |req| {
+        let index = arrived.fetch_add(1, Ordering::SeqCst);
+        let go_silent = silent_after.is_some_and(|n| index >= n);
+        handle(
+            req,
+            connection,
+            Arc::clone(&shared),
+            go_silent.then(|| Arc::clone(&silent)),
+        )
+    });
     let _ = hyper::server::conn::http2::Builder::new(exec)
         .serve_connection(TokioIo::new(io), svc)
         .await;
+}
+
+/// The connection's IO, which can go silent: from then on every write is
+/// swallowed (the server believes it answered; nothing reaches the
+/// client) and what the client sends is read and discarded, so the
+/// connection still ends when the client leaves.
+struct Silenceable<T> {
+    inner: T,
+    silent: Arc<AtomicBool>,
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Silenceable<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if !self.silent.load(Ordering::SeqCst) {
+            return Pin::new(&mut self.inner).poll_read(cx, buf);
+        }
+        let mut scratch = [0u8; 4096];
+        loop {
+            let mut discard = ReadBuf::new(&mut scratch);
+            ready!(Pin::new(&mut self.inner).poll_read(cx, &mut discard))?;
+            if discard.filled().is_empty() {
+                // The client left: end of stream.
+                return Poll::Ready(Ok(()));
+            }
+        }
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Silenceable<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        if self.silent.load(Ordering::SeqCst) {
+            return Poll::Ready(Ok(buf.len()));
+        }
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.silent.load(Ordering::SeqCst) {
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.silent.load(Ordering::SeqCst) {
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
 }
 
 #[derive(Debug)]
@@ -86,6 +166,7 @@ async fn handle(
     req: Request<IncomingBody>,
     connection: u64,
     shared: Arc<Shared>,
+    go_silent: Option<Arc<AtomicBool>>,
 ) -> Result<Response<ResBody>, Fault> {
     let received_at = Instant::now();
     let in_flight = shared.enter();
@@ -110,6 +191,12 @@ async fn handle(
         },
         body,
     );
+    if let Some(silent) = go_silent {
+        // Recorded (its body read); from now on nothing reaches the client.
+        silent.store(true, Ordering::SeqCst);
+        drop(action);
+        return std::future::pending().await;
+    }
     if let Some(max) = action.reject_above {
         if shared.in_flight() > max {
             let mut res = Response::new(empty());

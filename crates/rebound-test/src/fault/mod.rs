@@ -43,8 +43,8 @@
 //!
 //! Each accepted connection first takes the next entry of the
 //! [connection queue](FaultServerBuilder::connections) (a
-//! [`ConnectionAction`]: serve, never read, hang the TLS handshake, close,
-//! reset); once that queue is empty, it gets the
+//! [`ConnectionAction`]: serve, serve some requests then go silent, never
+//! read, hang the TLS handshake, close, reset); once that queue is empty, it gets the
 //! [default connection action](FaultServerBuilder::default_connection)
 //! (serve, unless set).
 //!
@@ -309,19 +309,25 @@ async fn connection(tcp: TcpStream, id: u64, action: ConnectionAction, ctx: Ctx)
         ConnKind::NeverRead => h1::hold_unprocessed(tcp).await,
         ConnKind::Close => drop(tcp),
         ConnKind::Reset => h1::reset(tcp),
-        ConnKind::Serve => match ctx.acceptor {
-            None => h1::serve(tcp, id, ctx.shared).await,
-            Some(acceptor) => {
-                let Ok(tls) = acceptor.accept(tcp).await else {
-                    return;
-                };
-                if tls.get_ref().1.alpn_protocol() == Some(b"h2") {
-                    h2::serve(tls, id, ctx.shared, ctx.exec).await
-                } else {
-                    h1::serve(tls, id, ctx.shared).await
-                }
+        ConnKind::Serve => serve(tcp, id, None, ctx).await,
+        ConnKind::ServeThenSilent(n) => serve(tcp, id, Some(n), ctx).await,
+    }
+}
+
+/// Serves a connection; with `silent_after`, only that many requests.
+async fn serve(tcp: TcpStream, id: u64, silent_after: Option<usize>, ctx: Ctx) {
+    match ctx.acceptor {
+        None => h1::serve(tcp, id, ctx.shared, silent_after).await,
+        Some(acceptor) => {
+            let Ok(tls) = acceptor.accept(tcp).await else {
+                return;
+            };
+            if tls.get_ref().1.alpn_protocol() == Some(b"h2") {
+                h2::serve(tls, id, ctx.shared, ctx.exec, silent_after).await
+            } else {
+                h1::serve(tls, id, ctx.shared, silent_after).await
             }
-        },
+        }
     }
 }
 
