@@ -40,6 +40,7 @@
 //! | any other 4xx or 5xx | `Fatal` |
 //! | 1xx, 2xx, 3xx | `Success` |
 //! | `Timeout(Connect)`, `Timeout(Tls)`, `Connect`, `Tls` errors | `Retryable { sent: NotSent }` |
+//! | a `Tls` error marked [`CertificateRejected`] (wrong host, unknown CA, expired) | `Fatal`: not transient |
 //! | other timeouts, `Body` errors | `Retryable { sent: MaybeProcessed }` |
 //! | `Transport` errors whose `source()` chain holds an [`std::io::Error`] | connection refused: `NotSent`; reset, aborted, broken pipe, unexpected EOF, timed out: `MaybeProcessed` |
 //! | `Rejected` by tower's `LoadShed` below the classifier | `Retryable { sent: NotSent }` |
