@@ -41,6 +41,7 @@
 
 use std::borrow::Cow;
 use std::fmt;
+use std::future::Future;
 use std::time::Duration;
 
 use http::{Extensions, HeaderValue, StatusCode};
@@ -48,18 +49,95 @@ use tokio::time::Instant;
 
 // ===== request annotations =====
 
+/// A future run under a [`Deadline`]: see [`Deadline::scope`].
+pub type DeadlineScope<F> = tokio::task::futures::TaskLocalFuture<Instant, F>;
+
+tokio::task_local! {
+    /// The deadline in force for the task (see [`Deadline::scope`]).
+    static CURRENT_DEADLINE: Instant;
+}
+
 /// The instant by which the whole logical request must be finished.
 ///
-/// Stamped by the deadline layer (or by the caller, e.g. propagated from an
-/// inbound request; the earlier deadline always wins). Every layer that waits
-/// — for a permit, an attempt, a backoff sleep, a response body — checks it.
+/// Every layer that waits — for a permit, an attempt, a backoff sleep, a
+/// response body — reads it with [`Deadline::of`], which answers the
+/// **earlier** of two carriers:
+///
+/// * **the task's current deadline**, set with [`Deadline::scope`] (for a
+///   future) or [`Deadline::sync_scope`] (for a closure). This is how the
+///   deadline layer hands its deadline down: without touching the request's
+///   extensions, so the happy path allocates nothing (an `http::Extensions`
+///   insert costs three allocations, and every retry's copy of the head
+///   would clone them again). It is also how an inbound deadline reaches
+///   the outbound calls a handler makes: scope the handler's future.
+/// * **a `Deadline` in the request's extensions**, which a caller may insert
+///   itself (it travels with the request through a `tower::buffer::Buffer`
+///   or a spawned task, where the task's deadline does not).
+///
+/// # Limits of the task's deadline
+///
+/// It is a tokio task-local: it is seen by everything polled inside the
+/// scoped future and by `call`s made inside a `sync_scope`, and **not** by a
+/// task spawned from there (`tokio::spawn`), nor across a `Buffer` (whose
+/// worker is another task). Carry it across with [`Deadline::current`] and a
+/// new scope, or as an extension.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// use std::time::Duration;
+/// use rebound_core::Deadline;
+/// use tokio::time::Instant;
+///
+/// let soon = Instant::now() + Duration::from_millis(300);
+/// let ext = http::Extensions::new();
+/// assert_eq!(Deadline::of(&ext), None);
+/// Deadline(soon)
+///     .scope(async {
+///         assert_eq!(Deadline::of(&ext), Some(soon));
+///         // A later deadline inside does not extend it.
+///         Deadline(soon + Duration::from_secs(5))
+///             .scope(async { assert_eq!(Deadline::current(), Some(soon)) })
+///             .await;
+///     })
+///     .await;
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Deadline(pub Instant);
 
 impl Deadline {
-    /// The deadline carried in `ext`, if any.
+    /// The deadline in force for a request with extensions `ext`: the
+    /// earlier of a `Deadline` in `ext` and the task's
+    /// [current](Self::current) deadline, if either is set.
     pub fn of(ext: &Extensions) -> Option<Instant> {
-        ext.get::<Deadline>().map(|d| d.0)
+        let current = Deadline::current();
+        match ext.get::<Deadline>() {
+            Some(d) => Some(current.map_or(d.0, |c| c.min(d.0))),
+            None => current,
+        }
+    }
+
+    /// The task's current deadline (set by [`scope`](Self::scope) or
+    /// [`sync_scope`](Self::sync_scope)), if any.
+    pub fn current() -> Option<Instant> {
+        CURRENT_DEADLINE.try_with(|d| *d).ok()
+    }
+
+    /// Run `fut` with this deadline as the task's current one — or the
+    /// current one, if it is earlier: a scope never extends a deadline.
+    /// Every poll of `fut` sees it (see [`Deadline::of`]).
+    pub fn scope<F: Future>(self, fut: F) -> DeadlineScope<F> {
+        let at = Deadline::current().map_or(self.0, |c| c.min(self.0));
+        CURRENT_DEADLINE.scope(at, fut)
+    }
+
+    /// Call `f` with this deadline (or the current one, if earlier) as the
+    /// task's current one: for a service's `call`, which runs before the
+    /// future it returns is polled.
+    pub fn sync_scope<R>(self, f: impl FnOnce() -> R) -> R {
+        let at = Deadline::current().map_or(self.0, |c| c.min(self.0));
+        CURRENT_DEADLINE.sync_scope(at, f)
     }
 
     /// Time left before the deadline, saturating at zero.

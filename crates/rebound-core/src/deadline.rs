@@ -26,10 +26,13 @@
 //! # }
 //! ```
 //!
-//! [`DeadlineLayer`] gives every request a total budget. It stamps the
-//! [`Deadline`] annotation on the request, so that every layer below it that
-//! waits (a concurrency queue, each attempt, each backoff sleep) can see how
-//! much time is left, and it bounds three things itself:
+//! [`DeadlineLayer`] gives every request a total budget. It makes it the
+//! task's current [`Deadline`] while the layers below it are called and
+//! polled ([`Deadline::scope`]; nothing is written into the request's
+//! extensions, so the happy path allocates nothing), so that every layer
+//! below it that waits (a concurrency queue, each attempt, each backoff
+//! sleep) can see how much time is left with [`Deadline::of`], and it bounds
+//! three things itself:
 //!
 //! * a request whose deadline has **already passed** fails at once with
 //!   [`TimeoutStage::Deadline`], without reaching the inner service;
@@ -38,9 +41,11 @@
 //! * the **response body**: the body is wrapped in a [`DeadlineBody`], so
 //!   reading it past the deadline yields an error with stage `deadline`.
 //!
-//! If the request already carries an **earlier** [`Deadline`] (for example
-//! one propagated from an inbound request), the earlier one wins; a later one
-//! is replaced by this layer's.
+//! If the request already has an **earlier** deadline (a [`Deadline`] in its
+//! extensions, or the task's current one — for example an inbound request's,
+//! propagated by the server), the earlier one wins; a later one is
+//! overridden by this layer's. A task spawned below this layer does not see
+//! the task's deadline (see [`Deadline`] for its limits).
 //!
 //! # Errors
 //!
@@ -70,7 +75,7 @@ use tokio::time::{Instant, Sleep};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::annotations::Deadline;
+use crate::annotations::{Deadline, DeadlineScope};
 use crate::error::{BoxError, Error, TimeoutStage};
 
 /// The longest duration a timeout layer accepts: one day. Anything longer is
@@ -200,7 +205,7 @@ where
 {
     type Response = Response<DeadlineBody<ResBody>>;
     type Error = Error;
-    type Future = ResponseFuture<S::Future>;
+    type Future = ResponseFuture<DeadlineScope<S::Future>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner
@@ -208,15 +213,12 @@ where
             .map_err(|e| Error::from_boxed(e.into()))
     }
 
-    fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let now = Instant::now();
         let ours = now + self.total;
         let deadline = match Deadline::of(req.extensions()) {
             Some(earlier) if earlier <= ours => earlier,
-            _ => {
-                req.extensions_mut().insert(Deadline(ours));
-                ours
-            }
+            _ => ours,
         };
         let request = RequestName::of(&req);
         if deadline <= now {
@@ -225,9 +227,13 @@ where
                 request: Some(request),
             };
         }
+        // The layers below see the deadline while they are called and every
+        // time they are polled; the request's extensions stay untouched.
+        let scope = Deadline(deadline);
+        let future = scope.scope(scope.sync_scope(|| self.inner.call(req)));
         ResponseFuture {
             kind: Kind::Running {
-                future: self.inner.call(req),
+                future,
                 sleep: None,
                 deadline,
             },
