@@ -125,6 +125,46 @@ async fn a_callers_key_is_kept_as_is() {
     }
 }
 
+#[tokio::test]
+async fn a_blank_callers_key_is_no_key_and_the_post_is_sent_once() {
+    // Issue 10, item 3: servers trim the header and would see an empty key
+    // on every attempt. A blank key is no key: one attempt, the caller's
+    // header left as it was.
+    for blank in ["", "   ", "\t", " \t "] {
+        let server = FaultServer::builder()
+            .route("/orders", busy_then_created())
+            .start()
+            .await;
+        let client = fast().build().unwrap();
+        let mut req = post(server.url("/orders"), "{}");
+        req.headers_mut()
+            .insert("idempotency-key", blank.parse().unwrap());
+        let res = client.send(req).await.unwrap();
+        assert_eq!(res.status(), 503, "{blank:?}");
+        assert_eq!(
+            res.extensions().get::<RetryStop>(),
+            Some(&RetryStop::NotEligible),
+            "{blank:?}"
+        );
+        let seen = server.requests_to("/orders");
+        assert_eq!(
+            seen.len(),
+            1,
+            "{blank:?}: the server saw {} requests",
+            seen.len()
+        );
+        assert_eq!(
+            seen[0]
+                .headers
+                .get("idempotency-key")
+                .map(|v| v.as_bytes().trim_ascii()),
+            Some(&b""[..]),
+            "{blank:?}"
+        );
+        assert_eq!(seen[0].headers.get_all("idempotency-key").iter().count(), 1);
+    }
+}
+
 // ===== streamed request bodies =====
 
 #[tokio::test]

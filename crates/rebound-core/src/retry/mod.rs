@@ -59,7 +59,9 @@
 //!    [policy](RetryPolicy::eligible_methods) (GET, HEAD, OPTIONS, TRACE,
 //!    PUT, DELETE by default), or it carries an
 //!    [`IdempotencyKey`] annotation or an
-//!    `Idempotency-Key` header, or the verdict says
+//!    `Idempotency-Key` header that is not blank
+//!    ([`IdempotencyKey::is_blank`]: empty or only whitespace is no key),
+//!    or the verdict says
 //!    [`Sent::NotSent`](crate::Sent);
 //! 3. attempts remain ([`RetryPolicy::max_attempts`], 3 by default);
 //! 4. the next attempt can start before the request's [`Deadline`], if
@@ -272,17 +274,18 @@ where
         let mut svc = mem::replace(&mut self.inner, clone);
 
         let (parts, body) = req.into_parts();
-        // An empty key is no key (as for the idempotency-key layer): the
-        // server cannot recognise a repeat by it.
+        // A blank key (empty or only whitespace) is no key, as for the
+        // idempotency-key layer: the server trims it and cannot recognise a
+        // repeat by it. What the server sees is the header, so a blank
+        // header is no key whatever the annotation says.
         let idempotent = self.policy.is_eligible_method(&parts.method)
-            || parts
-                .extensions
-                .get::<IdempotencyKey>()
-                .is_some_and(|k| !k.0.is_empty())
-            || parts
-                .headers
-                .get(IDEMPOTENCY_KEY)
-                .is_some_and(|v| !v.is_empty());
+            || match parts.headers.get(IDEMPOTENCY_KEY) {
+                Some(v) => !IdempotencyKey::is_blank(v),
+                None => parts
+                    .extensions
+                    .get::<IdempotencyKey>()
+                    .is_some_and(|k| !IdempotencyKey::is_blank(&k.0)),
+            };
         let deadline = Deadline::of(&parts.extensions);
         let max_attempts = self.policy.max_attempts;
         let (template, replayable) = if max_attempts <= 1 {
