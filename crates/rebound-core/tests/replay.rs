@@ -550,3 +550,98 @@ async fn copies_announce_the_framing_of_the_real_body() {
     let _ = frames(kept.try_replay().unwrap()).await.unwrap();
     assert_eq!(kept.try_replay().unwrap().size_hint().exact(), Some(3));
 }
+
+// ===== retries: a copy only if it is known to be sent whole (issue 10) =====
+
+#[tokio::test]
+async fn no_whole_copy_while_another_copy_still_reads_a_body_of_unknown_length() {
+    let (tx, inner) = channel();
+    let kept = ReplayBody::with_max_bytes(inner, 10);
+    let mut a = kept.try_replay().unwrap();
+    let mut ta = task::spawn(());
+    data(&tx, "1234");
+    assert_eq!(data_of(poll(&mut ta, &mut a)), "1234");
+    // The server answered already; `a` is still being sent. A retry copy
+    // made now could be cut short if the body then passes the cap.
+    assert!(kept.try_replay_whole().is_none());
+    // (A plain copy is still possible: that is what a caller who accepts
+    // the risk would ask for.)
+    assert!(kept.try_replay().is_some());
+
+    // That is what would happen: `a` reads past the cap, a copy behind it
+    // cannot finish.
+    let mut b = kept.try_replay().unwrap();
+    let mut tb = task::spawn(());
+    assert_eq!(data_of(poll(&mut tb, &mut b)), "1234");
+    data(&tx, "5678901");
+    assert_eq!(data_of(poll(&mut ta, &mut a)), "5678901");
+    match poll(&mut tb, &mut b) {
+        Poll::Ready(Some(Err(e))) => assert_eq!(e.kind(), ErrorKind::NotReplayable),
+        other => panic!("expected the copy behind to fail, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_whole_copy_once_the_body_ended_or_when_no_other_copy_reads() {
+    // Ended within the cap: everything is recorded.
+    let (tx, inner) = channel();
+    let kept = ReplayBody::with_max_bytes(inner, 10);
+    let a = kept.try_replay().unwrap();
+    data(&tx, "1234");
+    drop(tx);
+    let a_frames = frames(a).await.unwrap();
+    let b = kept.try_replay_whole().expect("ended within the cap");
+    assert_eq!(frames(b).await.unwrap(), a_frames);
+
+    // Mid-stream, but the copy that read is gone: the new copy reads the
+    // rest itself, and a reader streams on even past the cap.
+    let (tx, inner) = channel();
+    let kept = ReplayBody::with_max_bytes(inner, 10);
+    let mut a = kept.try_replay().unwrap();
+    let mut ta = task::spawn(());
+    data(&tx, "1234");
+    assert_eq!(data_of(poll(&mut ta, &mut a)), "1234");
+    drop(a);
+    let b = kept.try_replay_whole().expect("no other copy reads");
+    data(&tx, "5678901");
+    data(&tx, "more");
+    drop(tx);
+    let got = frames(b).await.unwrap();
+    assert_eq!(got.chunks, chunks(&["1234", "5678901", "more"]));
+    // Past the cap now: no third attempt.
+    assert!(kept.try_replay_whole().is_none());
+    assert!(kept.try_replay().is_none());
+}
+
+#[tokio::test]
+async fn a_whole_copy_while_another_reads_when_the_rest_is_known_to_fit() {
+    let (tx, inner) = channel_with_len(8);
+    let kept = ReplayBody::with_max_bytes(inner, 10);
+    let mut a = kept.try_replay().unwrap();
+    let mut ta = task::spawn(());
+    data(&tx, "1234");
+    assert_eq!(data_of(poll(&mut ta, &mut a)), "1234");
+    let b = kept
+        .try_replay_whole()
+        .expect("4 + 4 announced bytes fit in 10");
+    data(&tx, "5678");
+    assert_eq!(data_of(poll(&mut ta, &mut a)), "5678");
+    drop(tx);
+    assert_eq!(frames(b).await.unwrap().chunks, chunks(&["1234", "5678"]));
+
+    // 10 read + 10 still announced = 20, under a cap of 30: fits too.
+    let (tx, inner) = channel_with_len(20);
+    let kept = ReplayBody::with_max_bytes(inner, 30);
+    let mut a = kept.try_replay().unwrap();
+    let mut ta = task::spawn(());
+    data(&tx, "1234567890");
+    assert_eq!(data_of(poll(&mut ta, &mut a)), "1234567890");
+    assert!(kept.try_replay_whole().is_some());
+}
+
+#[tokio::test]
+async fn in_memory_bodies_are_always_whole() {
+    let full = Full::new(Bytes::from_static(b"abc"));
+    assert!(full.try_replay_whole().is_some());
+    assert!(Empty::<Bytes>::new().try_replay_whole().is_some());
+}

@@ -260,9 +260,11 @@ where
     }
 
     /// A fresh copy of the body for the next attempt, if it can be sent
-    /// again.
+    /// again **whole**: a copy that might be cut short (a stream another
+    /// attempt still reads, past which the cap may yet pass) is not made, so
+    /// no truncated attempt is ever started.
     fn replay_body(&self) -> Option<B> {
-        self.template.as_ref()?.1.try_replay()
+        self.template.as_ref()?.1.try_replay_whole()
     }
 
     /// The request for attempt `n + 1`: `body` (a fresh copy), the template

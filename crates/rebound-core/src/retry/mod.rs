@@ -81,10 +81,16 @@
 //! the delay waited), [`BudgetLeft`](crate::BudgetLeft) and the failed
 //! attempt's [`LimiterState`](crate::LimiterState) if it had one; the trace
 //! layer's INFO `retrying` event is made from them. The body of each attempt is a fresh
-//! [`ReplayableBody::try_replay`]
-//! copy; a body that cannot be replayed is sent once and not retried
+//! copy ([`ReplayableBody::try_replay`] for the first,
+//! [`ReplayableBody::try_replay_whole`] for every retry); a body that cannot
+//! be replayed is sent once and not retried
 //! ([`RetryStop::NotReplayable`](crate::RetryStop::NotReplayable), verdict
-//! rewritten to `Fatal { reason: "body not replayable" }`).
+//! rewritten to `Fatal { reason: "body not replayable" }`). A retry never
+//! starts with a body copy that is not known to be sent whole: when the
+//! response came back while a streamed body of unknown length was still
+//! being sent (and could still pass its replay cap), the loop stops and the
+//! caller gets that response, the last real outcome; see
+//! [`crate::replay`].
 //!
 //! A discarded retryable response is **drained** during the backoff sleep
 //! (at most 64 KiB, never past the sleep nor 1 s) so that its connection
