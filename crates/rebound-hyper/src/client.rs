@@ -91,6 +91,7 @@ use rebound_core::idempotency::IdempotencyKeyLayer;
 use rebound_core::limit::{
     AdaptiveLimitLayer, AdaptiveLimiter, Aimd, ConcurrencyLimitLayer, ConcurrencyLimiter, LimitBody,
 };
+use rebound_core::redact::PathRedaction;
 use rebound_core::retry::{RetryBudget, RetryLayer, RetryPolicy};
 use rebound_core::retry_after::{OverCap, RetryAfterLayer};
 use rebound_core::trace::{TraceBody, TraceLayer};
@@ -264,6 +265,7 @@ pub struct ClientBuilder {
     replay_cap: usize,
     max_response_body: usize,
     trace: TraceLayer,
+    path_redaction: Option<PathRedaction>,
 }
 
 impl Default for ClientBuilder {
@@ -296,6 +298,7 @@ impl Default for ClientBuilder {
             replay_cap: DEFAULT_REPLAY_BUFFER_CAP,
             max_response_body: DEFAULT_MAX_RESPONSE_BODY,
             trace: TraceLayer::new(),
+            path_redaction: None,
         }
     }
 }
@@ -516,6 +519,19 @@ impl ClientBuilder {
         self
     }
 
+    /// How URL paths are shown in spans, events and the `Display` of every
+    /// error the client returns: as they are, hidden, by template
+    /// (`/v1/keys/{key}`) or by a closure (see [`PathRedaction`]). Replaces
+    /// the one of the [`trace`](Self::trace) configuration, whichever is set
+    /// first; it is the same setting as
+    /// [`TraceBuilder::path_redaction`](rebound_core::trace::TraceBuilder::path_redaction).
+    /// Default: the trace configuration's ([`PathRedaction::full`] unless
+    /// set there).
+    pub fn path_redaction(mut self, redaction: PathRedaction) -> Self {
+        self.path_redaction = Some(redaction);
+        self
+    }
+
     /// Build the client.
     ///
     /// # Errors
@@ -684,13 +700,16 @@ impl ClientBuilder {
 
         let backoff = BackoffLayer::try_new(backoff)?;
         let classify = ClassifyLayer::new(self.classifier);
+        let trace = match self.path_redaction {
+            Some(path) => self.trace.with_path_redaction(path),
+            None => self.trace,
+        };
 
-        let attempts =
-            AttemptStack::new(self.trace.attempt_layer().layer(backoff.layer(gate.layer(
-                adaptive.layer(retry_after.layer(classify.layer(attempt.layer(transport.clone())))),
-            ))));
-        let stack =
-            self.trace.layer(CancelLayer::new().layer(
+        let attempts = AttemptStack::new(trace.attempt_layer().layer(backoff.layer(gate.layer(
+            adaptive.layer(retry_after.layer(classify.layer(attempt.layer(transport.clone())))),
+        ))));
+        let stack = trace
+            .layer(CancelLayer::new().layer(
                 deadline.layer(concurrency.layer(idempotency.layer(retry.layer(attempts)))),
             ));
 
@@ -702,16 +721,17 @@ impl ClientBuilder {
                 .max_bytes(self.max_response_body)
                 .layer(attempt.layer(transport)),
         );
-        let collecting_attempts = CollectingAttemptStack::new(self.trace.attempt_layer().layer(
+        let collecting_attempts = CollectingAttemptStack::new(trace.attempt_layer().layer(
             backoff.layer(gate.layer(adaptive.layer(retry_after.layer(classify.layer(collected))))),
         ));
-        let collecting = self.trace.layer(CancelLayer::new().layer(
+        let collecting = trace.layer(CancelLayer::new().layer(
             deadline.layer(concurrency.layer(idempotency.layer(retry.layer(collecting_attempts)))),
         ));
         Ok(Client {
             inner: Stack::new(stack),
             collecting: CollectingStack::new(collecting),
             replay_cap: self.replay_cap,
+            path: trace.path_redaction().clone(),
         })
     }
 }
@@ -739,6 +759,9 @@ pub struct Client {
     inner: Stack,
     pub(crate) collecting: CollectingStack,
     pub(crate) replay_cap: usize,
+    /// For errors made outside the stack (the JSON helpers'), shown like
+    /// those from inside it.
+    pub(crate) path: PathRedaction,
 }
 
 impl fmt::Debug for Client {
