@@ -235,7 +235,7 @@ impl Template {
         for seg in &self.segments {
             match (seg, parts.next()) {
                 (_, None) => return false,
-                (None, Some(part)) if part.is_empty() => return false,
+                (None, Some("")) => return false,
                 (None, Some(_)) => {}
                 (Some(lit), Some(part)) if lit != part => return false,
                 (Some(_), Some(_)) => {}

@@ -496,7 +496,9 @@ where
             Source::Open(body) => {
                 // The new copy will be the only reader of the real body: a
                 // reader streams the rest through even past the cap.
-                let alone = Arc::strong_count(&self.shared) == 1 && !(self.started && !self.done);
+                // (`self` must not be reading either: not started, or done.)
+                let idle = !self.started || self.done;
+                let alone = idle && Arc::strong_count(&self.shared) == 1;
                 // Or the rest is known to fit under the cap.
                 let fits = body.size_hint().upper().is_some_and(|rest| {
                     shared.read_bytes.saturating_add(rest) <= shared.max_bytes as u64
