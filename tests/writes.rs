@@ -325,6 +325,61 @@ async fn an_early_503_to_a_stream_still_being_sent_is_returned_and_never_retried
     assert!(seen[0].body[..] == data[..]);
 }
 
+#[tokio::test]
+async fn an_early_503_to_a_stream_that_ends_during_the_backoff_is_retried_whole() {
+    // The same early 503, to a 10 KiB stream (under the cap) that ends
+    // shortly after: the retry waits out its backoff (1 s, no jitter),
+    // finds the body whole, and sends it whole.
+    let server = FaultServer::builder()
+        .route(
+            "/upload",
+            [Action::status(503).body("busy").after_body_bytes(4 * 1024)],
+        )
+        .default(Action::status(201).body("created"))
+        .start()
+        .await;
+    let client = Client::builder()
+        .backoff(
+            Backoff::exponential(Duration::from_secs(1), Duration::from_secs(1))
+                .jitter(Jitter::Proportional(0.0)),
+        )
+        .build()
+        .unwrap();
+    let data = pattern(10 * 1024);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(4);
+    let chunks = stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) });
+    let send = client.send(post(server.url("/upload"), Body::from_stream(chunks)));
+    let produce = async {
+        let mut parts = data.chunks(1024).map(Bytes::copy_from_slice);
+        for part in parts.by_ref().take(6) {
+            tx.send(Ok(part)).await.unwrap();
+        }
+        // The rest once the server has the head (it answers at 4 KiB).
+        // Bounded by the whole test's timeout.
+        while server.requests_started() == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        for part in parts {
+            tx.send(Ok(part)).await.unwrap();
+        }
+        drop(tx);
+    };
+    let (res, ()) = tokio::time::timeout(BOUND, async { tokio::join!(send, produce) })
+        .await
+        .expect("bounded");
+    let res = res.unwrap();
+    assert_eq!(res.status(), 201);
+    assert_eq!(Attempts::of(res.extensions()), 2);
+    let seen = server.requests_to("/upload");
+    assert_eq!(seen.len(), 2);
+    assert_eq!(server.requests_started(), 2);
+    for r in &seen {
+        assert_eq!(r.body.len(), data.len(), "attempt {}", r.index);
+        assert!(r.body[..] == data[..], "attempt {} body differs", r.index);
+    }
+}
+
 // ===== JSON helpers =====
 
 #[derive(Debug, Deserialize, PartialEq)]

@@ -95,10 +95,12 @@
 //! attempt still streams a body of unknown length leaves that attempt's
 //! copy reading, and a retry copy made then would fail mid-stream, with a
 //! truncated request on the wire, if the body later passed the cap. The
-//! retry layer then stops and returns the real outcome (the `503`), with
-//! [`RetryStop::NotReplayable`](crate::RetryStop::NotReplayable). This is
-//! linkerd's rule too: a request whose response arrived before its body
-//! was fully read is not retried.
+//! retry layer then asks again once its backoff delay is over (the body may
+//! have ended by then, or the attempt that read it may be gone), and if the
+//! answer is still `None` it stops and returns the real outcome (the
+//! `503`), with [`RetryStop::NotReplayable`](crate::RetryStop::NotReplayable).
+//! This is linkerd's rule too, with a grace of one backoff delay: a request
+//! whose response arrived before its body was fully read is not retried.
 //!
 //! # Errors
 //!

@@ -645,3 +645,107 @@ async fn in_memory_bodies_are_always_whole() {
     assert!(full.try_replay_whole().is_some());
     assert!(Empty::<Bytes>::new().try_replay_whole().is_some());
 }
+
+// ===== the retry loop with a body still streaming (issue 10) =====
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Rest {
+    /// The rest arrives during the backoff delay, within the cap.
+    EndsInTime,
+    /// The rest arrives during the delay and passes the cap.
+    PassesTheCap,
+    /// The rest arrives long after the delay.
+    Late,
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_waits_out_its_delay_for_a_body_still_streaming_then_decides() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use http::{Request, Response, StatusCode};
+    use rebound_core::{
+        Attempts, Backoff, BackoffLayer, ClassifyLayer, HttpClassifier, Jitter, RetryLayer,
+        RetryPolicy, RetryStop,
+    };
+    use tower::{service_fn, ServiceBuilder, ServiceExt};
+
+    for rest in [Rest::EndsInTime, Rest::PassesTheCap, Rest::Late] {
+        let (tx, inner) = channel();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let retried_body: Arc<Mutex<Option<Bytes>>> = Arc::default();
+        let svc = {
+            let calls = calls.clone();
+            let retried_body = retried_body.clone();
+            service_fn(move |req: Request<ReplayBody<ChannelBody>>| {
+                let n = calls.fetch_add(1, Ordering::SeqCst);
+                let retried_body = retried_body.clone();
+                async move {
+                    let mut body = req.into_body();
+                    let status = if n == 0 {
+                        // Answer 503 after the first chunk; the transport
+                        // goes on sending the rest, in the background.
+                        let _ = body.frame().await;
+                        tokio::spawn(async move { while let Some(Ok(_)) = body.frame().await {} });
+                        StatusCode::SERVICE_UNAVAILABLE
+                    } else {
+                        let all = body.collect().await.map(|c| c.to_bytes());
+                        *retried_body.lock().unwrap() = all.ok();
+                        StatusCode::CREATED
+                    };
+                    let mut res = Response::new(Empty::<Bytes>::new());
+                    *res.status_mut() = status;
+                    Ok::<_, std::convert::Infallible>(res)
+                }
+            })
+        };
+        let backoff = Backoff::exponential(Duration::from_millis(100), Duration::from_millis(100))
+            .jitter(Jitter::Proportional(0.0));
+        let stack = ServiceBuilder::new()
+            .layer(RetryLayer::new(RetryPolicy::default().max_attempts(3)))
+            .layer(BackoffLayer::new(backoff))
+            .layer(ClassifyLayer::new(HttpClassifier::default()))
+            .service(svc);
+
+        data(&tx, "1234");
+        tokio::spawn(async move {
+            let (after, more) = match rest {
+                Rest::EndsInTime => (50, "5678"),
+                Rest::PassesTheCap => (50, "567890123"),
+                Rest::Late => (500, "5678"),
+            };
+            tokio::time::sleep(Duration::from_millis(after)).await;
+            let _ = tx.send(Ok(Frame::data(Bytes::from_static(more.as_bytes()))));
+        });
+        let req = Request::post("http://api.example/v1/upload")
+            .header("idempotency-key", "k-1")
+            .body(ReplayBody::with_max_bytes(inner, 10))
+            .unwrap();
+        let res = stack.oneshot(req).await.unwrap();
+        match rest {
+            Rest::EndsInTime => {
+                assert_eq!(res.status(), StatusCode::CREATED, "{rest:?}");
+                assert_eq!(Attempts::of(res.extensions()), 2);
+                assert_eq!(
+                    retried_body.lock().unwrap().as_deref(),
+                    Some(&b"12345678"[..]),
+                    "the retry sent the whole body"
+                );
+            }
+            Rest::PassesTheCap | Rest::Late => {
+                assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE, "{rest:?}");
+                assert_eq!(
+                    res.extensions().get::<RetryStop>(),
+                    Some(&RetryStop::NotReplayable),
+                    "{rest:?}"
+                );
+                assert_eq!(
+                    calls.load(Ordering::SeqCst),
+                    1,
+                    "{rest:?}: no retry started"
+                );
+            }
+        }
+    }
+}

@@ -88,9 +88,12 @@
 //! rewritten to `Fatal { reason: "body not replayable" }`). A retry never
 //! starts with a body copy that is not known to be sent whole: when the
 //! response came back while a streamed body of unknown length was still
-//! being sent (and could still pass its replay cap), the loop stops and the
-//! caller gets that response, the last real outcome; see
-//! [`crate::replay`].
+//! being sent (and could still pass its replay cap), the loop waits out the
+//! delay it would wait anyway, keeping that response (not draining it),
+//! and decides then: the body has ended within its cap (or the attempt
+//! that read it is gone), and the retry goes ahead; or not, and the caller
+//! gets the kept response, the last real outcome, with
+//! `RetryStop::NotReplayable`. See [`crate::replay`].
 //!
 //! A discarded retryable response is **drained** during the backoff sleep
 //! (at most 64 KiB, never past the sleep nor 1 s) so that its connection
