@@ -35,7 +35,7 @@
 //!
 //! | layer | what it does here | turn off / tune |
 //! |---|---|---|
-//! | [`TraceLayer`] | one span per logical request, redaction | [`trace`](ClientBuilder::trace) |
+//! | [`TraceLayer`] | one span per logical request, redaction | [`trace`](ClientBuilder::trace), [`path_redaction`](ClientBuilder::path_redaction) |
 //! | [`CancelLayer`] | a [`Cancel`](rebound_core::Cancel) token on the request ends it at once | always on (free without a token) |
 //! | [`DeadlineLayer`] | the total budget, also over the response body | [`total_timeout`](ClientBuilder::total_timeout) |
 //! | [`ConcurrencyLimitLayer`] | logical requests in flight, held until the body ends | [`concurrency_limit`](ClientBuilder::concurrency_limit) |
