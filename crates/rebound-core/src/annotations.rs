@@ -173,6 +173,26 @@ impl Attempt {
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct IdempotencyKey(pub HeaderValue);
 
+impl IdempotencyKey {
+    /// Whether `value` is no key at all: empty, or only spaces and tabs.
+    /// Servers trim a header value, so they would see an empty key and could
+    /// not recognise a repeat by it; the idempotency-key and retry layers
+    /// treat such a value as **no key** (the request is not made retryable
+    /// by it).
+    ///
+    /// ```
+    /// use http::HeaderValue;
+    /// use rebound_core::IdempotencyKey;
+    ///
+    /// assert!(IdempotencyKey::is_blank(&HeaderValue::from_static("")));
+    /// assert!(IdempotencyKey::is_blank(&HeaderValue::from_static(" \t ")));
+    /// assert!(!IdempotencyKey::is_blank(&HeaderValue::from_static(" k1 ")));
+    /// ```
+    pub fn is_blank(value: &HeaderValue) -> bool {
+        value.as_bytes().iter().all(|b| matches!(b, b' ' | b'\t'))
+    }
+}
+
 impl fmt::Debug for IdempotencyKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // The key is not a secret, but it is an identifier a log reader does

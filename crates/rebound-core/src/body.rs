@@ -31,6 +31,22 @@ pub trait ReplayableBody: http_body::Body + Sized {
     /// A copy of this body, from its start, for another attempt; `None` if
     /// this body cannot be replayed.
     fn try_replay(&self) -> Option<Self>;
+
+    /// A copy for a **retry**, only if it is known to be sent whole, from
+    /// its first byte to its last: `None` when a copy made now could still
+    /// be cut short (e.g. a streamed body that another attempt is still
+    /// reading and that may yet pass its replay cap).
+    ///
+    /// The retry layer asks this before every retry (and
+    /// [`try_replay`](Self::try_replay) before the first attempt); on
+    /// `None` it stops and returns the last real outcome instead of starting
+    /// an attempt that might go on the wire truncated.
+    ///
+    /// The default is [`try_replay`](Self::try_replay): right for bodies
+    /// in memory, whose copies are always whole.
+    fn try_replay_whole(&self) -> Option<Self> {
+        self.try_replay()
+    }
 }
 
 impl<D> ReplayableBody for Full<D>

@@ -38,7 +38,8 @@ fn method_bit(m: &Method) -> Option<u16> {
 ///   been processed. Default: GET, HEAD, OPTIONS, TRACE, PUT, DELETE (the
 ///   idempotent methods of RFC 9110). A request with an
 ///   [`IdempotencyKey`](crate::annotations::IdempotencyKey) annotation or an
-///   `Idempotency-Key` header is eligible whatever its method, and so is any
+///   `Idempotency-Key` header is eligible whatever its method (unless the
+///   key is [blank](crate::annotations::IdempotencyKey::is_blank)), and so is any
 ///   request whose verdict says [`Sent::NotSent`](crate::annotations::Sent).
 ///
 /// # Clone
