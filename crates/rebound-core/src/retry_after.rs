@@ -86,7 +86,7 @@ pub const GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-ret
 pub const DEFAULT_MAX_DELAY: Duration = Duration::from_secs(60);
 
 /// The largest cap [`RetryAfterLayer::max_delay`] accepts: one day.
-pub const MAX_MAX_DELAY: Duration = Duration::from_secs(24 * 60 * 60);
+pub const MAX_MAX_DELAY: Duration = crate::config::MAX_DURATION;
 
 /// What to do with a server-given delay above the cap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
