@@ -377,7 +377,8 @@ impl ClientBuilder {
     /// The retry budget shared by every clone of the client (and by any
     /// other client given the same `Arc`). Default: a new
     /// [`RetryBudget::default`] per built client (20 % of requests over
-    /// 10 s, at least 10 retries per second).
+    /// 10 s, at least 10 retries per second, in bursts of at most 10: the
+    /// floor accrues over time, see [`RetryBudget`]).
     pub fn retry_budget(mut self, budget: Arc<RetryBudget>) -> Self {
         self.budget = Some(budget);
         self
