@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http_body_util::BodyExt;
-use rebound::{AdaptiveLimiter, Aimd, Attempts, Client, ConcurrencyLimiter};
+use rebound::{AdaptiveLimiter, Aimd, Attempts, Client, ConcurrencyLimiter, GateMode, GateTable};
 use rebound_test::fault::{Action, FaultServer};
 use tokio::task::JoinSet;
 use tokio::time::{sleep, timeout, Instant};
@@ -366,4 +366,183 @@ async fn a_retry_after_pauses_that_host_and_no_other() {
     }
     assert!(lo >= PAUSE, "{lo:?}");
     assert!(hi < PAUSE * 10, "{hi:?}");
+}
+
+/// Issue 10, item 2: with `concurrency_limit(4)`, requests waiting at a
+/// throttled host's Retry-After gate hold no concurrency permit, so another
+/// host answers at once, and the limit still holds at the servers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throttled_host_holds_no_permit_another_host_needs() {
+    const LIMIT: usize = 4;
+    let a = FaultServer::builder()
+        .route("/busy", [Action::status(429).header("retry-after", "3")])
+        .default(Action::status(200).delay(Duration::from_millis(20)))
+        .start()
+        .await;
+    let b = FaultServer::builder()
+        .default(Action::status(200).delay(Duration::from_millis(20)))
+        .start()
+        .await;
+    let limiter = Arc::new(ConcurrencyLimiter::new(LIMIT).unwrap());
+    let table = Arc::new(GateTable::default());
+    let client = Client::builder()
+        .concurrency_limiter(limiter.clone())
+        .gate_table(table.clone())
+        .build()
+        .unwrap();
+    // One request to B first, so that the timed one below reuses a pooled
+    // connection and measures waiting, not connecting.
+    let warm = client.get(b.url("/warm")).await.unwrap();
+    warm.into_body().collect().await.unwrap();
+
+    // A answers 429, Retry-After: 3; its retry sleeps the pause.
+    let first = tokio::spawn({
+        let client = client.clone();
+        let url = a.url("/busy");
+        async move {
+            let res = client.get(url).await.unwrap();
+            (res.status(), Attempts::of(res.extensions()))
+        }
+    });
+    eventually("A's gate closes", || !table.is_empty()).await;
+    let closed_at = Instant::now();
+
+    // Four more requests to A: they wait at A's gate.
+    let mut to_a = JoinSet::new();
+    for i in 0..LIMIT {
+        let client = client.clone();
+        let url = a.url(&format!("/next/{i}"));
+        to_a.spawn(async move {
+            let res = client.get(url).await.unwrap();
+            let status = res.status();
+            res.into_body().collect().await.unwrap();
+            (status, Instant::now())
+        });
+    }
+    sleep(Duration::from_millis(50)).await;
+    // Only the first request's permit is taken (its retry is sleeping).
+    assert_eq!(limiter.in_flight(), 1, "requests at A's gate hold permits");
+
+    // B answers at once.
+    let t = Instant::now();
+    let res = client.get(b.url("/now")).await.unwrap();
+    res.into_body().collect().await.unwrap();
+    let b_took = t.elapsed();
+
+    // And a burst to B while A is throttled stays under the limit.
+    let mut to_b = JoinSet::new();
+    for i in 0..20 {
+        let client = client.clone();
+        let url = b.url(&format!("/burst/{i}"));
+        to_b.spawn(async move {
+            let res = client.get(url).await.unwrap();
+            assert_eq!(res.status(), 200);
+            res.into_body().collect().await.unwrap();
+        });
+    }
+    let mut most = 0;
+    while !to_b.is_empty() {
+        most = most.max(a.in_flight() + b.in_flight());
+        if let Ok(Some(done)) = timeout(Duration::from_millis(2), to_b.join_next()).await {
+            done.unwrap();
+        }
+    }
+    let b_burst_done = closed_at.elapsed();
+
+    let (status, attempts) = timeout(Duration::from_secs(30), first)
+        .await
+        .unwrap()
+        .unwrap();
+    let mut a_done = Vec::new();
+    timeout(Duration::from_secs(30), async {
+        while let Some(done) = to_a.join_next().await {
+            a_done.push(done.unwrap());
+        }
+    })
+    .await
+    .expect("A's requests go once the pause is over");
+    println!(
+        "concurrency {LIMIT}, A throttled for 3 s: B answered in {b_took:?}; a burst of 20 to B \
+         done {b_burst_done:?} after A's gate closed; peak in flight A {} B {}, sampled sum {most}",
+        a.peak_in_flight(),
+        b.peak_in_flight()
+    );
+    assert!(b_took < Duration::from_millis(100), "B waited {b_took:?}");
+    assert!(
+        b_burst_done < Duration::from_secs(2),
+        "B's burst waited for A: {b_burst_done:?}"
+    );
+    assert_eq!((status, attempts), (http::StatusCode::OK, 2));
+    for (status, at) in &a_done {
+        assert_eq!(*status, 200);
+        assert!(*at - closed_at >= Duration::from_millis(2_900));
+    }
+    // The limit is never exceeded at the servers.
+    assert!(a.peak_in_flight() <= LIMIT, "A saw {}", a.peak_in_flight());
+    assert!(b.peak_in_flight() <= LIMIT, "B saw {}", b.peak_in_flight());
+    assert!(most <= LIMIT, "both servers together saw {most}");
+    assert_eq!(limiter.available(), LIMIT, "every permit returned");
+}
+
+/// Issue 10, item 5 (gate): a 503 with a long Retry-After on one path paces
+/// only that request; other paths of the host answer at once. Asked for,
+/// a 503 closes the host's gate; `GateMode::Off` keeps no gate at all.
+#[tokio::test]
+async fn a_503_on_one_path_does_not_hold_the_host() {
+    let server = FaultServer::builder()
+        .route("/bad", [Action::status(503).header("retry-after", "3600")])
+        .route("/bad2", [Action::status(503).header("retry-after", "3600")])
+        .route("/limited", [Action::status(429).header("retry-after", "2")])
+        .start()
+        .await;
+    let table = Arc::new(GateTable::default());
+    let client = Client::builder()
+        .max_attempts(1)
+        .retry_after_cap(Duration::from_secs(2))
+        .gate_table(table.clone())
+        .build()
+        .unwrap();
+    let res = client.get(server.url("/bad")).await.unwrap();
+    assert_eq!(res.status(), 503);
+    res.into_body().collect().await.unwrap();
+    let t = Instant::now();
+    let res = client.get(server.url("/good")).await.unwrap();
+    let good_took = t.elapsed();
+    assert_eq!(res.status(), 200);
+    assert!(table.is_empty(), "a 503 closed the host's gate");
+
+    // Host-wide 503 gating, asked for: the other path waits the capped 2 s.
+    let gating = Client::builder()
+        .max_attempts(1)
+        .retry_after_cap(Duration::from_secs(2))
+        .retry_after_gate_on_503(true)
+        .build()
+        .unwrap();
+    let res = gating.get(server.url("/bad2")).await.unwrap();
+    assert_eq!(res.status(), 503);
+    let t = Instant::now();
+    let res = gating.get(server.url("/good")).await.unwrap();
+    let gated_took = t.elapsed();
+    assert_eq!(res.status(), 200);
+
+    // Off: even a 429 holds nothing.
+    let off = Client::builder()
+        .max_attempts(1)
+        .retry_after_gate(GateMode::Off)
+        .build()
+        .unwrap();
+    let res = off.get(server.url("/limited")).await.unwrap();
+    assert_eq!(res.status(), 429);
+    let t = Instant::now();
+    let res = off.get(server.url("/good")).await.unwrap();
+    let off_took = t.elapsed();
+    assert_eq!(res.status(), 200);
+    println!(
+        "after 503 + Retry-After: 3600 (cap 2 s): another path answered in {good_took:?}; \
+         with 503 gating on, in {gated_took:?}; gate off after a 429: {off_took:?}"
+    );
+    assert!(good_took < Duration::from_millis(100), "{good_took:?}");
+    assert!(gated_took >= Duration::from_millis(1_900), "{gated_took:?}");
+    assert!(gated_took < Duration::from_secs(20), "{gated_took:?}");
+    assert!(off_took < Duration::from_millis(100), "{off_took:?}");
 }

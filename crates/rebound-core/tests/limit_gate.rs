@@ -210,17 +210,29 @@ async fn the_authority_is_scheme_host_and_effective_port() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn only_429_and_503_with_a_hint_close_the_gate() {
+async fn only_429_with_a_hint_closes_the_gate_and_503_when_asked() {
     let layer = RetryAfterGateLayer::new().fail_fast();
     let table = layer.table().clone();
-    let (_calls, svc) = upstream(layer);
-    for path in ["/nohint", "/okhint", "/plain"] {
+    let (calls, svc) = upstream(layer);
+    // By default a 503's Retry-After paces only its own request (its
+    // retry): one failing endpoint does not hold its host.
+    for path in ["/nohint", "/okhint", "/plain", "/busy503"] {
         svc.clone()
             .oneshot(req(&format!("http://a.test{path}")))
             .await
             .unwrap();
         assert!(table.is_empty(), "{path} closed the gate");
     }
+    svc.clone()
+        .oneshot(req("http://a.test/other"))
+        .await
+        .unwrap();
+    assert_eq!(calls.lock().unwrap().len(), 5);
+
+    // Asked for: a 503 with a hint closes the host's gate as a 429 does.
+    let layer = RetryAfterGateLayer::new().fail_fast().close_on_503(true);
+    let table = layer.table().clone();
+    let (_calls, svc) = upstream(layer);
     svc.clone()
         .oneshot(req("http://a.test/busy503"))
         .await
@@ -229,6 +241,59 @@ async fn only_429_and_503_with_a_hint_close_the_gate() {
         .closed_until(&"http://a.test/".parse().unwrap())
         .unwrap();
     assert_eq!(until - Instant::now(), Duration::from_secs(2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn off_holds_nothing_and_closes_nothing() {
+    let layer = RetryAfterGateLayer::new().mode(GateMode::Off);
+    let table = layer.table().clone();
+    let (calls, svc) = upstream(layer);
+    let start = Instant::now();
+    svc.clone()
+        .oneshot(req("http://a.test/busy"))
+        .await
+        .unwrap();
+    assert!(table.is_empty(), "an Off gate closed");
+    // Even a gate closed by someone else over the same table is ignored.
+    table.close(
+        &"http://a.test/".parse().unwrap(),
+        start + Duration::from_secs(10),
+    );
+    svc.clone()
+        .oneshot(req("http://a.test/next"))
+        .await
+        .unwrap();
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    assert_eq!(calls.lock().unwrap().len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_gate_that_does_not_close_holds_at_gates_closed_by_others() {
+    let table = Arc::new(GateTable::default());
+    // The holding gate only: a 429 through it closes nothing.
+    let (calls, holding) = upstream(RetryAfterGateLayer::shared(table.clone()).closes_gates(false));
+    holding
+        .clone()
+        .oneshot(req("http://a.test/busy"))
+        .await
+        .unwrap();
+    assert!(table.is_empty());
+    // Closed by another gate over the same table: held until it opens.
+    let start = Instant::now();
+    table.close(
+        &"http://a.test/".parse().unwrap(),
+        start + Duration::from_secs(2),
+    );
+    let other = holding.clone().oneshot(req("http://b.test/x"));
+    other.await.unwrap();
+    assert_eq!(start.elapsed(), Duration::ZERO, "another host was held");
+    holding
+        .clone()
+        .oneshot(req("http://a.test/x"))
+        .await
+        .unwrap();
+    assert_eq!(start.elapsed(), Duration::from_secs(2));
+    assert_eq!(calls_to(&calls, "a.test").len(), 2);
 }
 
 #[tokio::test(start_paused = true)]

@@ -38,12 +38,13 @@
 //! | [`TraceLayer`] | one span per logical request, redaction | [`trace`](ClientBuilder::trace) |
 //! | [`CancelLayer`] | a [`Cancel`](rebound_core::Cancel) token on the request ends it at once | always on (free without a token) |
 //! | [`DeadlineLayer`] | the total budget, also over the response body | [`total_timeout`](ClientBuilder::total_timeout) |
+//! | [`RetryAfterGateLayer`] (holding) | new requests to a host whose gate is closed wait here, holding no permit | [`retry_after_gate`](ClientBuilder::retry_after_gate) |
 //! | [`ConcurrencyLimitLayer`] | logical requests in flight, held until the body ends | [`concurrency_limit`](ClientBuilder::concurrency_limit) |
 //! | [`IdempotencyKeyLayer`] | POST/PATCH get an `Idempotency-Key` once | [`idempotency_keys`](ClientBuilder::idempotency_keys) |
 //! | [`RetryLayer`] | the only loop; budget shared by all clones | [`max_attempts`](ClientBuilder::max_attempts), [`retry_budget`](ClientBuilder::retry_budget) |
 //! | [`AttemptTraceLayer`](rebound_core::trace::AttemptTraceLayer) | one child span per attempt | with `trace` |
 //! | [`BackoffLayer`] | proposes the delay; Retry-After wins | [`backoff`](ClientBuilder::backoff) |
-//! | [`RetryAfterGateLayer`] | holds new requests to a host that asked for a pause | [`retry_after_gate`](ClientBuilder::retry_after_gate) (wait or fail fast) |
+//! | [`RetryAfterGateLayer`] (closing) | closes a host's gate on a 429 with Retry-After; holds retries | [`retry_after_gate`](ClientBuilder::retry_after_gate) (wait, fail fast, off), [`retry_after_gate_on_503`](ClientBuilder::retry_after_gate_on_503) |
 //! | [`AdaptiveLimitLayer`] | attempts in flight; shrinks on 429/503/timeouts | [`adaptive_limit`](ClientBuilder::adaptive_limit) |
 //! | [`RetryAfterLayer`] | parses Retry-After / pushback into a hint | [`retry_after_cap`](ClientBuilder::retry_after_cap) |
 //! | [`ClassifyLayer`] | each attempt's [`Verdict`](rebound_core::Verdict) | [`classifier`](ClientBuilder::classifier) |
@@ -51,8 +52,21 @@
 //! | [`HyperTransport`] | connect and TLS timeouts, body idle / rate timeouts | [`connect_timeout`](ClientBuilder::connect_timeout), ... |
 //!
 //! A layer that is "off" stays in the stack configured as a pass-through
-//! (a limit no one reaches, an empty method set), so the client has one
-//! shape whatever its configuration.
+//! (a limit no one reaches, an empty method set, a gate in
+//! [`GateMode::Off`] that costs one branch), so the client has one shape
+//! whatever its configuration.
+//!
+//! # Faults stay with their host
+//!
+//! A request that waits for one host holds nothing that requests to other
+//! hosts need (DESIGN.md §10): the Retry-After gate appears twice over one
+//! [`GateTable`]. The lower gate, below the retry loop, closes a host's gate
+//! when an attempt's response asks for a pause, and holds that request's
+//! retries. The upper gate, **above the concurrency limit**, holds new
+//! requests to a closed host before they take a concurrency permit, so a
+//! throttled host cannot use up the permits and stall other hosts. The
+//! permit itself is still held by one logical request across its attempts
+//! and backoff sleeps, and until its response body ends.
 //!
 //! # Request bodies and JSON
 //!
@@ -253,6 +267,7 @@ pub struct ClientBuilder {
     adaptive: Option<Aimd>,
     adaptive_shared: Option<Arc<AdaptiveLimiter>>,
     gate: GateMode,
+    gate_503: bool,
     gate_table: Option<Arc<GateTable>>,
     idempotency: bool,
     replay_cap: usize,
@@ -283,6 +298,7 @@ impl Default for ClientBuilder {
             ),
             adaptive_shared: None,
             gate: GateMode::Wait,
+            gate_503: false,
             gate_table: None,
             idempotency: true,
             replay_cap: DEFAULT_REPLAY_BUFFER_CAP,
@@ -447,12 +463,30 @@ impl ClientBuilder {
         self
     }
 
-    /// After a 429/503 with Retry-After, hold new requests to that host
-    /// until the time has passed ([`GateMode::Wait`], bounded by their
-    /// deadline) or fail them at once with a `throttled` error
-    /// ([`GateMode::FailFast`]). Default: `Wait`.
+    /// The Retry-After gate: after a **429** with a Retry-After, hold new
+    /// requests to that **host** (scheme, host and port; any path) until
+    /// the pause has passed ([`GateMode::Wait`], bounded by each request's
+    /// deadline), fail them at once with a `throttled` error
+    /// ([`GateMode::FailFast`]), or keep no gate at all
+    /// ([`GateMode::Off`]). The pause is the server's Retry-After, capped
+    /// at [`retry_after_cap`](Self::retry_after_cap) (60 s by default). A
+    /// **503**'s Retry-After paces only the request that received it (its
+    /// retry waits the hint), unless
+    /// [`retry_after_gate_on_503`](Self::retry_after_gate_on_503) is set.
+    /// Requests to other hosts are never held, and a request held at a
+    /// gate holds no concurrency permit (see the [module
+    /// docs](self#faults-stay-with-their-host)). Default: `Wait`.
     pub fn retry_after_gate(mut self, mode: GateMode) -> Self {
         self.gate = mode;
+        self
+    }
+
+    /// Whether a 503 with a Retry-After closes its host's gate, as a 429
+    /// does: every endpoint of that host is then held, not only the
+    /// request that got the 503. Default: `false` (one failing endpoint
+    /// does not hold the healthy endpoints of its host).
+    pub fn retry_after_gate_on_503(mut self, enabled: bool) -> Self {
+        self.gate_503 = enabled;
         self
     }
 
@@ -597,13 +631,17 @@ impl ClientBuilder {
                     .max_limit(Semaphore::MAX_PERMITS),
             )?,
         };
+        // Two gates over one table (see "Faults stay with their host"): the
+        // lower one closes gates and holds retries, the upper one holds new
+        // requests before they take a concurrency permit.
         let gate = {
             let layer = match self.gate_table {
                 Some(table) => RetryAfterGateLayer::shared(table),
                 None => RetryAfterGateLayer::new(),
             };
-            layer.mode(self.gate)
+            layer.mode(self.gate).close_on_503(self.gate_503)
         };
+        let hold = gate.clone().closes_gates(false);
         let idempotency = if self.idempotency {
             IdempotencyKeyLayer::new()
         } else {
@@ -617,10 +655,9 @@ impl ClientBuilder {
             AttemptStack::new(self.trace.attempt_layer().layer(backoff.layer(gate.layer(
                 adaptive.layer(retry_after.layer(classify.layer(attempt.layer(transport.clone())))),
             ))));
-        let stack =
-            self.trace.layer(CancelLayer::new().layer(
-                deadline.layer(concurrency.layer(idempotency.layer(retry.layer(attempts)))),
-            ));
+        let stack = self.trace.layer(CancelLayer::new().layer(
+            deadline.layer(hold.layer(concurrency.layer(idempotency.layer(retry.layer(attempts))))),
+        ));
 
         // The JSON helpers' stack: the very same layer values (their state is
         // behind `Arc`s, so both stacks share the pool, budget, limiters and
@@ -633,9 +670,9 @@ impl ClientBuilder {
         let collecting_attempts = CollectingAttemptStack::new(self.trace.attempt_layer().layer(
             backoff.layer(gate.layer(adaptive.layer(retry_after.layer(classify.layer(collected))))),
         ));
-        let collecting = self.trace.layer(CancelLayer::new().layer(
-            deadline.layer(concurrency.layer(idempotency.layer(retry.layer(collecting_attempts)))),
-        ));
+        let collecting = self.trace.layer(CancelLayer::new().layer(deadline.layer(
+            hold.layer(concurrency.layer(idempotency.layer(retry.layer(collecting_attempts)))),
+        )));
         Ok(Client {
             inner: Stack::new(stack),
             collecting: CollectingStack::new(collecting),
