@@ -144,6 +144,17 @@ pub const DEFAULT_MAX_RESPONSE_BODY: usize = 10 * 1024 * 1024;
 /// 256 attempts in flight.
 pub const DEFAULT_ADAPTIVE_MAX: usize = 256;
 
+/// The client's default [adaptive limit](ClientBuilder::adaptive_limit)
+/// settings: min 1, initial and max [`DEFAULT_ADAPTIVE_MAX`], the default
+/// backoff ratio. Useful to build a shared
+/// [`AdaptiveLimiter`] that behaves as the default one.
+pub fn default_adaptive_limit() -> Aimd {
+    Aimd::default()
+        .min_limit(1)
+        .initial_limit(DEFAULT_ADAPTIVE_MAX)
+        .max_limit(DEFAULT_ADAPTIVE_MAX)
+}
+
 /// The body of a response from [`Client`]: the transport's body (idle and
 /// minimum-rate timeouts), holding its concurrency permit until it ends or
 /// is dropped, under the total deadline, and logging a failure at WARN
@@ -290,12 +301,7 @@ impl Default for ClientBuilder {
             classifier: HttpClassifier::default(),
             concurrency: None,
             concurrency_shared: None,
-            adaptive: Some(
-                Aimd::default()
-                    .min_limit(1)
-                    .initial_limit(DEFAULT_ADAPTIVE_MAX)
-                    .max_limit(DEFAULT_ADAPTIVE_MAX),
-            ),
+            adaptive: Some(default_adaptive_limit()),
             adaptive_shared: None,
             gate: GateMode::Wait,
             gate_503: false,
@@ -446,10 +452,12 @@ impl ClientBuilder {
     }
 
     /// The adaptive (AIMD) limit on attempts in flight, or `None` to turn it
-    /// off. Default: min 1, initial and max 256 — unlimited in practice
-    /// until the upstream answers 429/503 or times out, then it shrinks by
-    /// 0.9× per overload signal and grows back by one per window of
-    /// successes.
+    /// off. Default: [`default_adaptive_limit`]: min 1, initial and max 256
+    /// — unlimited in practice until the upstream answers 429/503 or times
+    /// out; then it shrinks by 0.9× on the first overload and, while
+    /// attempts wait, down to what the upstream is still serving, and grows
+    /// back by one per window of successes (probing faster past the last
+    /// overload point). See [`rebound_core::limit::adaptive`].
     pub fn adaptive_limit(mut self, aimd: impl Into<Option<Aimd>>) -> Self {
         self.adaptive = aimd.into();
         self.adaptive_shared = None;
