@@ -96,6 +96,10 @@
 //! requests to other hosts need (DESIGN.md §10, "Order that isolates
 //! faults"); the lower gate closes the gate as each attempt's response
 //! passes it and holds the retries. The ready-made client is built so.
+//! A request that queued for its permit while the gate closed carries the
+//! permit as a [`PermitLease`]: a gate that holds it gives the permit back
+//! while it waits and takes it again (FIFO, bounded by the deadline; the
+//! [`Deadline`] error says so if it cannot) before the request goes on.
 //!
 //! A retry that already sleeps the Retry-After (the backoff layer proposes
 //! the hint as the delay) reaches the gate after it opened — the gate closed
@@ -136,8 +140,8 @@ use tokio::time::{Instant, Sleep};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::annotations::{Deadline, GateWait, Reason, RetryAfterHint, Verdict};
-use crate::error::{BoxError, Error, ErrorKind};
+use crate::annotations::{Deadline, GateWait, PermitLease, Reason, RetryAfterHint, Verdict};
+use crate::error::{BoxError, Error, ErrorKind, TimeoutStage};
 use crate::redact::effective_port;
 
 /// What a request does when its authority's gate is closed.
@@ -523,10 +527,18 @@ where
                     _ => {
                         let clone = self.inner.clone();
                         let svc = mem::replace(&mut self.inner, clone);
+                        // A client-wide permit lent by a limit above (the
+                        // request queued for it while this gate closed) goes
+                        // back while the request waits for this host.
+                        let lease = req.extensions().get::<PermitLease>().cloned();
+                        if let Some(lease) = &lease {
+                            lease.release();
+                        }
                         State::Waiting {
                             sleep: Box::pin(tokio::time::sleep_until(until)),
                             svc: Some(svc),
                             req: Some(req),
+                            lease,
                         }
                     }
                 },
@@ -582,6 +594,13 @@ pin_project! {
             sleep: Pin<Box<Sleep>>,
             svc: Option<S>,
             req: Option<R>,
+            // A client-wide permit given back while waiting.
+            lease: Option<PermitLease>,
+        },
+        Reacquiring {
+            wait: Pin<Box<dyn Future<Output = bool> + Send>>,
+            svc: Option<S>,
+            req: Option<R>,
         },
         Called {
             #[pin]
@@ -600,6 +619,7 @@ where
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
             State::Waiting { .. } => "waiting",
+            State::Reacquiring { .. } => "reacquiring",
             State::Called { .. } => "called",
             State::Failed { .. } => "failed",
         };
@@ -620,7 +640,12 @@ where
         loop {
             let this = self.as_mut().project();
             match this.state.project() {
-                StateProj::Waiting { sleep, svc, req } => {
+                StateProj::Waiting {
+                    sleep,
+                    svc,
+                    req,
+                    lease,
+                } => {
                     ready!(sleep.as_mut().poll(cx));
                     let now = Instant::now();
                     // The pause may have been extended while we slept.
@@ -647,6 +672,41 @@ where
                         continue;
                     }
                     let req = req.take().expect("polled after completion");
+                    let svc = svc.take().expect("polled after completion");
+                    match lease.take() {
+                        Some(lease) => {
+                            // Take the lent permit again (FIFO, bounded by
+                            // the deadline) before the request goes on.
+                            let wait = lease.reacquire(Deadline::of(req.extensions()));
+                            self.as_mut().project().state.set(State::Reacquiring {
+                                wait,
+                                svc: Some(svc),
+                                req: Some(req),
+                            });
+                        }
+                        None => {
+                            let mut svc = svc;
+                            let fut = svc.call(req);
+                            self.as_mut().project().state.set(State::Called { fut });
+                        }
+                    }
+                }
+                StateProj::Reacquiring { wait, svc, req } => {
+                    let held = ready!(wait.as_mut().poll(cx));
+                    let req = req.take().expect("polled after completion");
+                    if !held {
+                        let mut error = Error::timeout(TimeoutStage::Deadline)
+                            .with_detail("while waiting for a concurrency permit after a gate")
+                            .with_request(req.method(), req.uri());
+                        error.extensions_mut().insert(Verdict::Fatal {
+                            reason: Reason::new_static("deadline passed while queued"),
+                        });
+                        self.as_mut()
+                            .project()
+                            .state
+                            .set(State::Failed { error: None });
+                        return Poll::Ready(Err(error));
+                    }
                     let mut svc = svc.take().expect("polled after completion");
                     let fut = svc.call(req);
                     self.as_mut().project().state.set(State::Called { fut });

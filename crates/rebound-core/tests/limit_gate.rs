@@ -376,3 +376,71 @@ async fn the_table_is_bounded() {
         .is_throttled());
     assert!(calls.lock().unwrap().is_empty());
 }
+
+/// A request that queued for a client-wide permit while its host's gate
+/// closed gives the permit back while it waits at the gate, so a request to
+/// another host goes at once; it takes the permit again (FIFO) when the gate
+/// opens.
+#[tokio::test(start_paused = true)]
+async fn a_queued_request_gives_its_permit_back_while_the_gate_holds_it() {
+    use bytes::Bytes;
+    use http_body_util::Full;
+    use rebound_core::limit::{ConcurrencyLimitLayer, ConcurrencyLimiter};
+    use tokio::sync::Semaphore;
+
+    let limiter = Arc::new(ConcurrencyLimiter::new(1).unwrap());
+    let table = Arc::new(GateTable::default());
+    let release = Arc::new(Semaphore::new(0));
+    let calls = Calls::default();
+    let svc = {
+        let (release, calls) = (release.clone(), calls.clone());
+        ServiceBuilder::new()
+            .layer(ConcurrencyLimitLayer::shared(limiter.clone()))
+            .layer(RetryAfterGateLayer::shared(table.clone()))
+            .service(service_fn(move |req: Request<()>| {
+                let what = format!(
+                    "{}{}",
+                    req.uri().authority().map_or("", |a| a.as_str()),
+                    req.uri().path()
+                );
+                calls.lock().unwrap().push((what, Instant::now()));
+                let release = release.clone();
+                async move {
+                    if req.uri().path() == "/slow" {
+                        release.acquire().await.unwrap().forget();
+                    }
+                    Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
+                }
+            }))
+    };
+    let start = Instant::now();
+    // X holds the only permit; Y (to a.test) queues behind it.
+    let mut x = task::spawn(svc.clone().oneshot(req("http://b.test/slow")));
+    assert_pending!(x.poll());
+    let mut y = task::spawn(svc.clone().oneshot(req("http://a.test/y")));
+    assert_pending!(y.poll());
+    assert_eq!(limiter.queued(), 1);
+    // a.test's gate closes while Y queues.
+    table.close(
+        &"http://a.test/".parse().unwrap(),
+        start + Duration::from_secs(2),
+    );
+    // X ends: Y gets the permit, meets the closed gate, gives it back.
+    release.add_permits(1);
+    x.await.unwrap();
+    assert_pending!(y.poll());
+    assert_eq!(limiter.in_flight(), 0, "Y holds its permit at the gate");
+    // Another host goes at once.
+    svc.clone().oneshot(req("http://b.test/now")).await.unwrap();
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    assert!(calls_to(&calls, "a.test").is_empty());
+    // The gate opens: Y takes a permit again and goes.
+    let res = y.await.unwrap();
+    assert_eq!(start.elapsed(), Duration::from_secs(2));
+    assert_eq!(
+        calls_to(&calls, "a.test"),
+        vec![start + Duration::from_secs(2)]
+    );
+    drop(res);
+    assert_eq!(limiter.available(), 1, "every permit returned");
+}

@@ -68,6 +68,17 @@
 //! permit itself is still held by one logical request across its attempts
 //! and backoff sleeps, and until its response body ends.
 //!
+//! A request that passed the holding gate while it was open, then queued
+//! for a permit while the gate closed, meets the closed gate below: the
+//! concurrency limit lends such a (queued) request's permit as a
+//! [`PermitLease`](rebound_core::annotations::PermitLease), and the gate
+//! gives it back while the request waits and takes it again (FIFO,
+//! bounded by the deadline) when the gate opens. What still holds a
+//! permit: a request's own backoff sleep, e.g. the retry of the request
+//! that got the 429 sleeping its Retry-After (that request is in flight,
+//! by design). The adaptive limit is one per client, not per host, so its
+//! waits are not per-host waits.
+//!
 //! # Request bodies and JSON
 //!
 //! A streamed request body is recorded as it is sent, up to
