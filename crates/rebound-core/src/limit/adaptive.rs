@@ -3,7 +3,8 @@
 //!
 //! [`AdaptiveLimitLayer`] caps **attempts** in flight with an AIMD limit:
 //! it shrinks when the upstream says it is overloaded (429, 503, attempt
-//! timeout) and grows back slowly while attempts succeed.
+//! timeout) and grows back while attempts succeed, probing faster once past
+//! the point where the upstream last refused.
 //!
 //! ```
 //! use std::convert::Infallible;

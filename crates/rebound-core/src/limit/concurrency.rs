@@ -62,7 +62,13 @@
 //! the ready-made stack puts a holding Retry-After gate
 //! ([`RetryAfterGateLayer::closes_gates`](crate::gate::RetryAfterGateLayer::closes_gates))
 //! above it, so new requests to a throttled host wait there without a
-//! permit (see [`crate::gate`], "Where it sits").
+//! permit (see [`crate::gate`], "Where it sits"). A request that had to
+//! queue for its permit (and so may meet a gate that closed meanwhile)
+//! carries it down as a [`PermitLease`]: a layer below that waits for one
+//! host gives it back while it waits, and takes it again before going on.
+//! The permit comes back to this layer with the response (and its body
+//! holds it as usual), or when the request is dropped. A request that got
+//! its permit at once carries no lease: nothing on the happy path.
 //!
 //! # Errors
 //!
