@@ -2,6 +2,7 @@
 //! with a floor for quiet clients that accrues over time.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -44,8 +45,16 @@ const PPM: u64 = 1_000_000;
 ///
 /// The window slides in ten buckets; requests and retries older than the
 /// window are forgotten. Time is `tokio::time`, so paused-clock tests are
-/// deterministic. The state is behind a `std::sync::Mutex` held for a few
-/// additions only.
+/// deterministic.
+///
+/// Recording a request ([`deposit`](Self::deposit), once per logical
+/// request, on the happy path) is one clock read and one atomic add; the
+/// budget's `std::sync::Mutex` is taken only when a bucket boundary has
+/// passed (at most ten times per window) and to decide a retry, so the
+/// bound on retries stays exact under concurrency. A request counted in
+/// the very instant its bucket rotates may land in the older bucket, or be
+/// lost on a gap longer than the window: either way the budget allows
+/// fewer retries, never more.
 ///
 /// ```
 /// use std::time::Duration;
@@ -83,7 +92,15 @@ pub struct RetryBudget {
     /// The most floor tokens the bucket holds.
     burst: u32,
     window: Duration,
-    bucket_len: Duration,
+    /// Bucket boundaries are counted from here.
+    origin: Instant,
+    bucket_ns: u64,
+    /// The absolute number of the head bucket (buckets since `origin`),
+    /// mirrored out of the lock for [`deposit`](Self::deposit).
+    head: AtomicU64,
+    /// Requests per bucket (slot = absolute number % `BUCKETS`): added to
+    /// without the lock, zeroed under it when a bucket is reused.
+    requests: [AtomicU64; BUCKETS],
     state: Mutex<Window>,
 }
 
@@ -91,44 +108,41 @@ pub struct RetryBudget {
 const TOKEN: u64 = 1_000_000;
 
 #[derive(Clone, Copy, Default)]
-struct Bucket {
+struct Totals {
     requests: u64,
     retries: u64,
 }
 
 struct Window {
-    buckets: [Bucket; BUCKETS],
-    head: usize,
-    head_start: Instant,
+    /// Retries per bucket, by slot.
+    retries: [u64; BUCKETS],
+    /// The absolute number of the head bucket.
+    head: u64,
     /// The floor's token bucket, in micro-tokens, as of `refilled`.
     tokens: u64,
     refilled: Instant,
 }
 
 impl Window {
-    fn rotate(&mut self, now: Instant, bucket_len: Duration) {
-        let elapsed = now.saturating_duration_since(self.head_start);
-        if elapsed < bucket_len {
+    /// Make `now_bucket` the head, zeroing the buckets it reuses (retries
+    /// here, requests in `requests`). Buckets never move backwards.
+    fn rotate(&mut self, now_bucket: u64, requests: &[AtomicU64; BUCKETS], head: &AtomicU64) {
+        if now_bucket <= self.head {
             return;
         }
-        let steps = (elapsed.as_nanos() / bucket_len.as_nanos().max(1)) as u64;
-        if steps >= BUCKETS as u64 {
-            self.buckets = [Bucket::default(); BUCKETS];
+        let steps = now_bucket - self.head;
+        let reused = if steps >= BUCKETS as u64 {
+            0..BUCKETS as u64
         } else {
-            for _ in 0..steps {
-                self.head = (self.head + 1) % BUCKETS;
-                self.buckets[self.head] = Bucket::default();
-            }
+            self.head + 1..now_bucket + 1
+        };
+        for b in reused {
+            let slot = (b % BUCKETS as u64) as usize;
+            self.retries[slot] = 0;
+            requests[slot].store(0, Ordering::Relaxed);
         }
-        // Keep bucket boundaries aligned (saturating on absurd gaps).
-        let steps32 = u32::try_from(steps).unwrap_or(u32::MAX);
-        self.head_start = self
-            .head_start
-            .checked_add(bucket_len.saturating_mul(steps32))
-            .unwrap_or(now);
-        if self.head_start > now {
-            self.head_start = now;
-        }
+        self.head = now_bucket;
+        head.store(now_bucket, Ordering::Release);
     }
 
     /// Add the floor tokens earned since the last refill (`per_sec` tokens
@@ -152,13 +166,11 @@ impl Window {
         self.refilled = now;
     }
 
-    fn totals(&self) -> Bucket {
-        self.buckets
-            .iter()
-            .fold(Bucket::default(), |acc, b| Bucket {
-                requests: acc.requests + b.requests,
-                retries: acc.retries + b.retries,
-            })
+    fn totals(&self, requests: &[AtomicU64; BUCKETS]) -> Totals {
+        Totals {
+            requests: requests.iter().map(|r| r.load(Ordering::Relaxed)).sum(),
+            retries: self.retries.iter().sum(),
+        }
     }
 }
 
@@ -228,6 +240,10 @@ impl RetryBudget {
         let floor = (u128::from(min_per_sec) * window.as_millis() / 1000) as u64;
         let burst = min_per_sec.max(1);
         let now = Instant::now();
+        // `window` is at least 100 ms (checked by `new`; 10 s by default).
+        let bucket_ns = u64::try_from((window / BUCKETS as u32).as_nanos())
+            .unwrap_or(u64::MAX)
+            .max(1);
         RetryBudget {
             ratio_ppm,
             floor,
@@ -235,11 +251,13 @@ impl RetryBudget {
             min_per_sec,
             burst,
             window,
-            bucket_len: window / BUCKETS as u32,
+            origin: now,
+            bucket_ns,
+            head: AtomicU64::new(0),
+            requests: Default::default(),
             state: Mutex::new(Window {
-                buckets: [Bucket::default(); BUCKETS],
+                retries: [0; BUCKETS],
                 head: 0,
-                head_start: now,
                 tokens: u64::from(burst) * TOKEN,
                 refilled: now,
             }),
@@ -266,10 +284,16 @@ impl RetryBudget {
         self.burst
     }
 
+    /// The absolute number of the bucket `now` falls in.
+    fn bucket_of(&self, now: Instant) -> u64 {
+        let ns = now.saturating_duration_since(self.origin).as_nanos();
+        u64::try_from(ns / u128::from(self.bucket_ns)).unwrap_or(u64::MAX)
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Window> {
         // Only additions happen under the lock; a poisoned one is consistent.
         let mut w = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        w.rotate(Instant::now(), self.bucket_len);
+        w.rotate(self.bucket_of(Instant::now()), &self.requests, &self.head);
         w
     }
 
@@ -280,16 +304,21 @@ impl RetryBudget {
     /// Record one logical request (the retry layer does this once per
     /// request, before its first attempt).
     pub fn deposit(&self) {
-        let mut w = self.lock();
-        let head = w.head;
-        w.buckets[head].requests += 1;
+        let now = self.bucket_of(Instant::now());
+        let mut head = self.head.load(Ordering::Acquire);
+        if now > head {
+            // A bucket boundary passed: rotate under the lock (at most once
+            // per bucket for all callers).
+            head = self.lock().head;
+        }
+        self.requests[(head % BUCKETS as u64) as usize].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Take one retry from the budget; `false` (and nothing recorded) when
     /// the budget is spent.
     pub fn try_withdraw(&self) -> bool {
         let mut w = self.lock();
-        let t = w.totals();
+        let t = w.totals(&self.requests);
         let allowed = if t.retries < self.by_ratio(t.requests) {
             // The ratio allows it: no floor token.
             true
@@ -306,8 +335,8 @@ impl RetryBudget {
             false
         };
         if allowed {
-            let head = w.head;
-            w.buckets[head].retries += 1;
+            let slot = (w.head % BUCKETS as u64) as usize;
+            w.retries[slot] += 1;
         }
         allowed
     }
@@ -315,7 +344,7 @@ impl RetryBudget {
     /// How many retries the budget would allow right now (for tracing).
     pub fn remaining(&self) -> u64 {
         let mut w = self.lock();
-        let t = w.totals();
+        let t = w.totals(&self.requests);
         let ratio = self.by_ratio(t.requests);
         let by_ratio = ratio.saturating_sub(t.retries);
         // What the floor allows beyond the ratio, no more than the tokens.
@@ -455,6 +484,31 @@ mod tests {
         budget.deposit();
         budget.deposit();
         assert_eq!(budget.remaining(), 1);
+    }
+
+    /// Deposits without the lock, from many threads at once: the ratio
+    /// bound still holds exactly (retries are decided under the lock).
+    #[test]
+    fn concurrent_deposits_and_withdrawals_keep_the_bound() {
+        let budget = RetryBudget::new(0.2, Duration::from_secs(3600), 0).unwrap();
+        let retries = std::sync::atomic::AtomicU64::new(0);
+        std::thread::scope(|scope| {
+            for _ in 0..4 {
+                scope.spawn(|| {
+                    for _ in 0..10_000 {
+                        budget.deposit();
+                        if budget.try_withdraw() {
+                            retries.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+        // 40,000 requests in one window: 20 % of them, no more, and none
+        // lost (what the interleaving refused is still there to take).
+        let taken = retries.load(Ordering::Relaxed);
+        assert!(taken <= 8_000, "{taken}");
+        assert_eq!(taken + drain(&budget), 8_000);
     }
 
     #[test]
