@@ -539,7 +539,10 @@ impl ClientBuilder {
     /// [`retry_after_gate_on_503`](Self::retry_after_gate_on_503) is set.
     /// Requests to other hosts are never held, and a request held at a
     /// gate holds no concurrency permit (see the [module
-    /// docs](self#faults-stay-with-their-host)). Default: `Wait`.
+    /// docs](self#faults-stay-with-their-host)). With
+    /// [`retry_after_over_cap`](Self::retry_after_over_cap)`(`[`OverCap::FailFast`]`)`,
+    /// `Wait` becomes `FailFast`: a client that gives up on a pause over
+    /// the cap does not queue new requests behind it. Default: `Wait`.
     pub fn retry_after_gate(mut self, mode: GateMode) -> Self {
         self.gate = mode;
         self
@@ -775,7 +778,13 @@ impl ClientBuilder {
                 Some(table) => RetryAfterGateLayer::shared(table),
                 None => RetryAfterGateLayer::new(),
             };
-            layer.mode(self.gate).close_on_503(self.gate_503)
+            // A client that gives up on a Retry-After over the cap does not
+            // queue new requests behind that pause either.
+            let mode = match (self.retry_after_over_cap, self.gate) {
+                (OverCap::FailFast, GateMode::Wait) => GateMode::FailFast,
+                (_, mode) => mode,
+            };
+            layer.mode(mode).close_on_503(self.gate_503)
         };
         let hold = gate.clone().closes_gates(false);
         let idempotency = if self.idempotency {
