@@ -50,8 +50,8 @@ use std::time::Duration;
 
 use http_body_util::BodyExt;
 use rebound::{
-    AdaptiveLimiter, Aimd, Backoff, Cancel, Client, ClientBuilder, ConcurrencyLimiter, ErrorKind,
-    Jitter, TlsRoots, Verdict,
+    limit::AdaptiveLimiter, limit::ConcurrencyLimiter, Aimd, Backoff, Cancel, Client,
+    ClientBuilder, ErrorKind, Jitter, TlsRoots, Verdict,
 };
 use rebound_test::fault::{Action, ConnectionAction, FaultServer};
 use tokio::net::{TcpSocket, TcpStream};
@@ -724,7 +724,7 @@ async fn drop_behind_the_gate_after_queueing_for_a_permit() {
         .await;
     let servers_only = alive_tasks();
     let limiter = limit_one();
-    let table = Arc::new(rebound::GateTable::default());
+    let table = Arc::new(rebound::gate::GateTable::default());
     let client = patient(&limiter).gate_table(table.clone()).build().unwrap();
 
     // The only permit is held by a response whose body never ends.

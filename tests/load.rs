@@ -13,7 +13,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http_body_util::BodyExt;
-use rebound::{AdaptiveLimiter, Aimd, Attempts, Client, ConcurrencyLimiter, GateMode, GateTable};
+use rebound::{
+    gate::GateTable, limit::AdaptiveLimiter, limit::ConcurrencyLimiter, Aimd, Attempts, Client,
+    GateMode,
+};
 use rebound_test::fault::{Action, FaultServer};
 use tokio::task::JoinSet;
 use tokio::time::{sleep, timeout, Instant};

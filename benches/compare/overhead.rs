@@ -25,10 +25,10 @@ use rand::rngs::SmallRng;
 use rand::seq::SliceRandom as _;
 use rand::SeedableRng as _;
 use rebound::{
-    AdaptiveLimitLayer, Aimd, AttemptTimeoutLayer, Backoff, BackoffLayer, CancelLayer,
-    ClassifyLayer, CollectBodyLayer, ConcurrencyLimitLayer, DeadlineBody, DeadlineLayer, Error,
-    HttpClassifier, IdempotencyKeyLayer, LimitBody, RetryAfterGateLayer, RetryAfterLayer,
-    RetryLayer, RetryPolicy, TraceBody, TraceLayer,
+    deadline::DeadlineBody, limit::LimitBody, trace::TraceBody, AdaptiveLimitLayer, Aimd,
+    AttemptTimeoutLayer, Backoff, BackoffLayer, CancelLayer, ClassifyLayer, CollectBodyLayer,
+    ConcurrencyLimitLayer, DeadlineLayer, Error, HttpClassifier, IdempotencyKeyLayer,
+    RetryAfterGateLayer, RetryAfterLayer, RetryLayer, RetryPolicy, TraceLayer,
 };
 use tokio::time::Instant;
 use tower::layer::util::Identity;

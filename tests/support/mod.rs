@@ -13,8 +13,8 @@ use std::time::Duration;
 use http::{Method, Request};
 use http_body_util::BodyExt;
 use rebound::{
-    Attempts, Backoff, Body, Client, ConcurrencyLimiter, ErrorKind, MinBodyRate, RetryBudget,
-    RetryStop, TimeoutStage, TlsRoots,
+    limit::ConcurrencyLimiter, Attempts, Backoff, Body, Client, ErrorKind, MinBodyRate,
+    RetryBudget, RetryStop, TimeoutStage, TlsRoots,
 };
 use rebound_test::fault::{Action, ConnectionAction, FaultServer};
 use tokio::net::{TcpSocket, TcpStream};

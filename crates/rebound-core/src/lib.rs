@@ -102,51 +102,41 @@ pub mod metrics;
 #[cfg_attr(docsrs, doc(cfg(feature = "trace")))]
 pub mod trace;
 
-pub use crate::annotations::CertificateRejected;
+// ===== the crate root: the layers, the vocabulary, the error =====
+//
+// And the values a layer's `new` takes (a policy, a schedule, a classifier,
+// limit settings). Services, response futures, body wrappers and helpers are
+// reached through their module (`rebound_core::deadline::DeadlineBody`, ...),
+// as tower's are.
+
 pub use crate::annotations::{
-    Attempt, Attempts, BudgetLeft, Deadline, DelaySource, GateWait, IdempotencyKey, LimiterState,
-    PreviousAttempt, ProposedDelay, Reason, RetryAfterHint, RetryStop, Sent, Verdict,
+    Attempt, Attempts, BudgetLeft, CertificateRejected, Deadline, DelaySource, GateWait,
+    IdempotencyKey, LimiterState, PermitLease, PreviousAttempt, ProposedDelay, Reason,
+    RetryAfterHint, RetryStop, Sent, Verdict,
 };
+pub use crate::body::ReplayableBody;
 pub use crate::error::{BoxError, Error, ErrorKind, TimeoutStage};
 
-// --- re-exports: body ---
-pub use crate::body::ReplayableBody;
-pub use crate::replay::ReplayBody;
-
-// --- re-exports: retry core ---
+#[cfg(feature = "timeout")]
+pub use crate::attempt_timeout::AttemptTimeoutLayer;
 #[cfg(feature = "backoff")]
-pub use crate::backoff::{Backoff, BackoffLayer, BackoffService, Jitter};
-pub use crate::classify::{Classifier, Classify, ClassifyLayer, HttpClassifier};
-#[cfg(feature = "retry")]
-pub use crate::retry::{Retry, RetryBudget, RetryLayer, RetryPolicy};
-#[cfg(feature = "retry-after")]
-pub use crate::retry_after::{OverCap, RetryAfter, RetryAfterLayer};
-
-// --- re-exports: timeouts ---
-#[cfg(feature = "timeout")]
-pub use crate::attempt_timeout::{AttemptTimeout, AttemptTimeoutLayer};
-#[cfg(feature = "timeout")]
-pub use crate::deadline::{DeadlineBody, DeadlineLayer, DeadlineService};
-
-// --- re-exports: writes ---
-#[cfg(feature = "collect")]
-pub use crate::collect::{CollectBody, CollectBodyLayer, CollectedBody};
-#[cfg(feature = "idempotency")]
-pub use crate::idempotency::{
-    IdempotencyKeyLayer, IdempotencyKeyService, MakeIdempotencyKey, UuidV4,
-};
-
-// --- re-exports: load control and cancellation ---
+pub use crate::backoff::{Backoff, BackoffLayer, Jitter};
 #[cfg(feature = "cancel")]
-pub use crate::cancel::{Cancel, CancelLayer, CancelService};
+pub use crate::cancel::{Cancel, CancelLayer};
+pub use crate::classify::{Classifier, ClassifyLayer, HttpClassifier};
+#[cfg(feature = "collect")]
+pub use crate::collect::CollectBodyLayer;
+#[cfg(feature = "timeout")]
+pub use crate::deadline::DeadlineLayer;
 #[cfg(feature = "retry-after")]
-pub use crate::gate::{GateMode, GateTable, RetryAfterGate, RetryAfterGateLayer};
+pub use crate::gate::{GateMode, RetryAfterGateLayer};
+#[cfg(feature = "idempotency")]
+pub use crate::idempotency::IdempotencyKeyLayer;
 #[cfg(feature = "limit")]
-pub use crate::limit::{
-    AdaptiveLimit, AdaptiveLimitLayer, AdaptiveLimiter, Aimd, ConcurrencyLimit,
-    ConcurrencyLimitLayer, ConcurrencyLimiter, LimitBody,
-};
-
-// --- re-exports: observability ---
+pub use crate::limit::{AdaptiveLimitLayer, Aimd, ConcurrencyLimitLayer};
+#[cfg(feature = "retry")]
+pub use crate::retry::{RetryBudget, RetryLayer, RetryPolicy};
+#[cfg(feature = "retry-after")]
+pub use crate::retry_after::{OverCap, RetryAfterLayer};
 #[cfg(feature = "trace")]
-pub use crate::trace::{AttemptTraceLayer, TraceBody, TraceBuilder, TraceLayer};
+pub use crate::trace::{AttemptTraceLayer, TraceLayer};

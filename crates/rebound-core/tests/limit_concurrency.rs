@@ -52,7 +52,7 @@ fn limited(
     Arc<ConcurrencyLimiter>,
     impl Service<
             Request<()>,
-            Response = Response<rebound_core::LimitBody<Full<Bytes>>>,
+            Response = Response<rebound_core::limit::LimitBody<Full<Bytes>>>,
             Error = Error,
             Future = impl Send,
         > + Clone,

@@ -19,8 +19,8 @@ use rebound_core::body::ReplayableBody;
 use rebound_core::classify::Classify;
 use rebound_core::retry_after::RetryAfter;
 use rebound_core::{
-    Attempt, Attempts, Backoff, BackoffLayer, BoxError, ClassifyLayer, Deadline, DelaySource,
-    Error, ErrorKind, HttpClassifier, PreviousAttempt, Retry, RetryAfterLayer, RetryBudget,
+    retry::Retry, Attempt, Attempts, Backoff, BackoffLayer, BoxError, ClassifyLayer, Deadline,
+    DelaySource, Error, ErrorKind, HttpClassifier, PreviousAttempt, RetryAfterLayer, RetryBudget,
     RetryLayer, RetryPolicy, RetryStop, Verdict,
 };
 use rebound_test::mock::{MockService, Reply};
