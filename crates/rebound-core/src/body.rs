@@ -53,3 +53,58 @@ impl ReplayableBody for String {
         Some(self.clone())
     }
 }
+
+/// A request body the [retry layer](crate::retry) can send again: what it
+/// keeps between attempts, and how it makes each attempt's body from that.
+///
+/// Every [`ReplayableBody`] is one (it keeps a copy of itself). With the
+/// `tonic` feature so is `tonic::body::Body`, a stream behind a box: it is
+/// recorded with a [`ReplayBody`](crate::replay::ReplayBody) (64 KiB cap)
+/// while the first attempt streams it, and each attempt gets a
+/// `tonic::body::Body` over a copy — so the retry layer stacks directly over
+/// a `tonic::transport::Channel`, with no adapter. The recording, like the
+/// box, is paid only by bodies that are not already replayable.
+pub trait RetryBody: http_body::Body + Sized {
+    /// What the retry loop keeps to make the next attempt's body.
+    type Kept;
+
+    /// Called once, before the first attempt, when a retry is possible:
+    /// the body to send first, and what to keep for the next attempts
+    /// (`None`: this body cannot be sent again).
+    fn keep(self) -> (Self, Option<Self::Kept>);
+
+    /// A body for another attempt, from its start; `None` if it can no
+    /// longer be replayed (e.g. it streamed past its cap).
+    fn replay(kept: &Self::Kept) -> Option<Self>;
+}
+
+impl<B: ReplayableBody> RetryBody for B {
+    type Kept = B;
+
+    fn keep(self) -> (Self, Option<Self::Kept>) {
+        let copy = self.try_replay();
+        (self, copy)
+    }
+
+    fn replay(kept: &Self::Kept) -> Option<Self> {
+        kept.try_replay()
+    }
+}
+
+#[cfg(feature = "tonic")]
+impl RetryBody for tonic::body::Body {
+    type Kept = crate::replay::ReplayBody<tonic::body::Body>;
+
+    fn keep(self) -> (Self, Option<Self::Kept>) {
+        let kept = crate::replay::ReplayBody::new(self);
+        match kept.try_replay() {
+            Some(first) => (tonic::body::Body::new(first), Some(kept)),
+            // Unreachable: nothing has been read yet.
+            None => (tonic::body::Body::empty(), None),
+        }
+    }
+
+    fn replay(kept: &Self::Kept) -> Option<Self> {
+        kept.try_replay().map(tonic::body::Body::new)
+    }
+}

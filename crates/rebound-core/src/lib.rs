@@ -51,6 +51,11 @@ pub mod retry;
 #[cfg_attr(docsrs, doc(cfg(feature = "retry-after")))]
 pub mod retry_after;
 
+// --- gRPC: classification, method eligibility, deadlines that travel ---
+#[cfg(feature = "grpc")]
+#[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
+pub mod grpc;
+
 // --- timeouts: total deadline, per-attempt timeout ---
 #[cfg(feature = "timeout")]
 #[cfg_attr(docsrs, doc(cfg(feature = "timeout")))]
@@ -88,13 +93,13 @@ pub mod trace;
 
 pub use crate::annotations::CertificateRejected;
 pub use crate::annotations::{
-    Attempt, Attempts, BudgetLeft, Deadline, DelaySource, GateWait, IdempotencyKey, LimiterState,
-    PreviousAttempt, ProposedDelay, Reason, RetryAfterHint, RetryStop, Sent, Verdict,
+    Attempt, Attempts, BudgetLeft, Deadline, DelaySource, GateWait, IdempotencyKey, Idempotent,
+    LimiterState, PreviousAttempt, ProposedDelay, Reason, RetryAfterHint, RetryStop, Sent, Verdict,
 };
 pub use crate::error::{BoxError, Error, ErrorKind, TimeoutStage};
 
 // --- re-exports: body ---
-pub use crate::body::ReplayableBody;
+pub use crate::body::{ReplayableBody, RetryBody};
 pub use crate::replay::ReplayBody;
 
 // --- re-exports: retry core ---
@@ -105,6 +110,13 @@ pub use crate::classify::{Classifier, Classify, ClassifyLayer, HttpClassifier};
 pub use crate::retry::{Retry, RetryBudget, RetryLayer, RetryPolicy};
 #[cfg(feature = "retry-after")]
 pub use crate::retry_after::{OverCap, RetryAfter, RetryAfterLayer};
+
+// --- re-exports: gRPC ---
+#[cfg(feature = "grpc")]
+pub use crate::grpc::{
+    GrpcClassifier, GrpcTrailersLayer, InboundDeadlineLayer, MarkRetryableLayer,
+    PropagateDeadlineLayer, RetryableMethods,
+};
 
 // --- re-exports: timeouts ---
 #[cfg(feature = "timeout")]

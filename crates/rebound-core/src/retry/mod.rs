@@ -79,7 +79,7 @@
 //! the delay waited), [`BudgetLeft`](crate::BudgetLeft) and the failed
 //! attempt's [`LimiterState`](crate::LimiterState) if it had one; the trace
 //! layer's INFO `retrying` event is made from them. The body of each attempt is a fresh
-//! [`ReplayableBody::try_replay`]
+//! [`ReplayableBody::try_replay`](crate::body::ReplayableBody::try_replay)
 //! copy; a body that cannot be replayed is sent once and not retried
 //! ([`RetryStop::NotReplayable`](crate::RetryStop::NotReplayable), verdict
 //! rewritten to `Fatal { reason: "body not replayable" }`).
@@ -129,8 +129,8 @@ use tower_service::Service;
 pub use self::budget::RetryBudget;
 pub use self::policy::{RetryPolicy, MAX_ATTEMPTS};
 
-use crate::annotations::{Deadline, IdempotencyKey};
-use crate::body::ReplayableBody;
+use crate::annotations::{Deadline, IdempotencyKey, Idempotent};
+use crate::body::RetryBody;
 use crate::error::{BoxError, Error};
 
 const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
@@ -251,7 +251,7 @@ impl<S, B, ResB> Service<Request<B>> for Retry<S>
 where
     S: Service<Request<B>, Response = Response<ResB>> + Clone,
     S::Error: Into<BoxError>,
-    B: ReplayableBody,
+    B: RetryBody,
     ResB: http_body::Body,
 {
     type Response = Response<ResB>;
@@ -275,6 +275,7 @@ where
         // An empty key is no key (as for the idempotency-key layer): the
         // server cannot recognise a repeat by it.
         let idempotent = self.policy.is_eligible_method(&parts.method)
+            || parts.extensions.get::<Idempotent>().is_some()
             || parts
                 .extensions
                 .get::<IdempotencyKey>()
@@ -285,12 +286,12 @@ where
                 .is_some_and(|v| !v.is_empty());
         let deadline = Deadline::of(&parts.extensions);
         let max_attempts = self.policy.max_attempts;
-        let (template, replayable) = if max_attempts <= 1 {
-            (None, true)
+        let (body, template, replayable) = if max_attempts <= 1 {
+            (body, None, true)
         } else {
-            match body.try_replay() {
-                Some(copy) => (Some((parts.clone(), copy)), true),
-                None => (None, false),
+            match body.keep() {
+                (body, Some(kept)) => (body, Some((parts.clone(), kept)), true),
+                (body, None) => (body, None, false),
             }
         };
         let name = if template.is_none() {
