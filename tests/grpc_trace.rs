@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use rebound::grpc::tonic::IntoStatusLayer;
-use rebound::grpc::{Code, GrpcClassifier, GrpcTrailersLayer, MarkRetryableLayer, RetryableMethods};
+use rebound::grpc::{
+    Code, GrpcClassifier, GrpcTrailersLayer, MarkRetryableLayer, RetryableMethods,
+};
 use rebound::{ClassifyLayer, DeadlineLayer, RetryLayer, RetryPolicy, TraceLayer};
 use rebound_test::capture::Capture;
 use rebound_test::grpc::{GrpcServer, Reply, TestClient};
@@ -53,7 +55,11 @@ async fn a_stream_failing_in_its_trailers_is_not_retried_and_is_traced() {
         let status = stream.message().await.unwrap_err();
         assert_eq!(status.code(), tonic::Code::Internal);
         drop(stream);
-        assert_eq!(server.calls_to(LIST).len(), 1, "a committed call is never retried");
+        assert_eq!(
+            server.calls_to(LIST).len(),
+            1,
+            "a committed call is never retried"
+        );
     })
     .await
     .unwrap();

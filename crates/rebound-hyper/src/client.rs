@@ -84,6 +84,10 @@ use rebound_core::attempt_timeout::AttemptTimeoutLayer;
 use rebound_core::backoff::{Backoff, BackoffLayer};
 use rebound_core::cancel::CancelLayer;
 use rebound_core::classify::{ClassifyLayer, HttpClassifier};
+use rebound_core::grpc::{MarkRetryableLayer, PropagateDeadlineLayer, RetryableMethods};
+use tower::util::option_layer;
+
+use crate::classifier::{AnyClassifier, ClientClassifier};
 use rebound_core::collect::{CollectBodyLayer, CollectedBody};
 use rebound_core::deadline::{DeadlineBody, DeadlineLayer};
 use rebound_core::gate::{GateMode, GateTable, RetryAfterGateLayer};
@@ -247,7 +251,10 @@ pub struct ClientBuilder {
     backoff: Option<Backoff>,
     retry_after_cap: Duration,
     retry_after_over_cap: OverCap,
-    classifier: HttpClassifier,
+    classifier: AnyClassifier,
+    retry_methods: Option<Vec<http::Method>>,
+    grpc_methods: Option<RetryableMethods>,
+    propagate: Option<PropagateDeadlineLayer>,
     concurrency: Option<usize>,
     concurrency_shared: Option<Arc<ConcurrencyLimiter>>,
     adaptive: Option<Aimd>,
@@ -272,7 +279,10 @@ impl Default for ClientBuilder {
             backoff: None,
             retry_after_cap: DEFAULT_RETRY_AFTER_CAP,
             retry_after_over_cap: OverCap::default(),
-            classifier: HttpClassifier::default(),
+            classifier: AnyClassifier::Http(HttpClassifier::default()),
+            retry_methods: None,
+            grpc_methods: None,
+            propagate: None,
             concurrency: None,
             concurrency_shared: None,
             adaptive: Some(
@@ -429,10 +439,67 @@ impl ClientBuilder {
         self
     }
 
-    /// Which outcomes are retryable. Default: [`HttpClassifier::default`]
-    /// (408, 429, 500, 502, 503, 504 and transient errors).
-    pub fn classifier(mut self, classifier: HttpClassifier) -> Self {
-        self.classifier = classifier;
+    /// Which outcomes are retryable: any [`ClientClassifier`], e.g.
+    /// [`GrpcClassifier`](rebound_core::grpc::GrpcClassifier) for gRPC.
+    /// Default: [`HttpClassifier::default`] (408, 429, 500, 502, 503, 504
+    /// and transient errors). The two built-in classifiers are kept by
+    /// value; any other costs an indirect call per attempt.
+    pub fn classifier<C: ClientClassifier>(mut self, classifier: C) -> Self {
+        self.classifier = AnyClassifier::of(classifier);
+        self
+    }
+
+    /// The methods that may be retried after the request may have been
+    /// processed (see
+    /// [`RetryPolicy::eligible_methods`](rebound_core::retry::RetryPolicy::eligible_methods)).
+    /// Default: GET, HEAD, OPTIONS, TRACE, PUT, DELETE.
+    pub fn retry_methods(mut self, methods: impl IntoIterator<Item = http::Method>) -> Self {
+        self.retry_methods = Some(methods.into_iter().collect());
+        self
+    }
+
+    /// The gRPC methods that are safe to retry (gRPC calls are POSTs):
+    /// calls to them are marked eligible
+    /// ([`MarkRetryableLayer`](rebound_core::grpc::MarkRetryableLayer),
+    /// above the retry loop), and every gRPC attempt carries the time left
+    /// as `grpc-timeout` (as with
+    /// [`propagate_grpc_timeout`](Self::propagate_grpc_timeout)). Default:
+    /// none (a gRPC call is retried only when it was never sent).
+    pub fn grpc_retryable_methods(mut self, methods: RetryableMethods) -> Self {
+        self.grpc_methods = Some(methods);
+        self.propagate = Some(self.propagate.take().unwrap_or_default());
+        self
+    }
+
+    /// Write the time left before the deadline into `grpc-timeout` on every
+    /// attempt of a gRPC call (never larger than the time left; see
+    /// [`PropagateDeadlineLayer`]). Default: off, so that plain HTTP
+    /// requests do not pay the header look-up.
+    pub fn propagate_grpc_timeout(mut self, enabled: bool) -> Self {
+        let layer = self.propagate.take().unwrap_or_default();
+        self.propagate = Some(layer.grpc_timeout(enabled));
+        self
+    }
+
+    /// Write the time left before the deadline, in whole milliseconds,
+    /// into the header `name` on every attempt, so the server knows its
+    /// budget (read it on the server with
+    /// [`InboundDeadlineLayer::header`](rebound_core::grpc::InboundDeadlineLayer::header)).
+    /// Default: no such header.
+    pub fn deadline_header(mut self, name: http::HeaderName) -> Self {
+        let layer = self
+            .propagate
+            .take()
+            .unwrap_or_else(|| PropagateDeadlineLayer::new().grpc_timeout(false));
+        self.propagate = Some(layer.header(name));
+        self
+    }
+
+    /// Speak HTTP/2 from the first byte, plain-text connections included
+    /// (h2c "prior knowledge"), as a plain-text gRPC server expects; see
+    /// [`TransportBuilder::http2_prior_knowledge`]. Default: `false`.
+    pub fn http2_prior_knowledge(mut self, enabled: bool) -> Self {
+        self.transport = self.transport.http2_prior_knowledge(enabled);
         self
     }
 
@@ -596,6 +663,9 @@ impl ClientBuilder {
         }
 
         let mut policy = RetryPolicy::default().max_attempts(self.max_attempts);
+        if let Some(methods) = self.retry_methods {
+            policy = policy.eligible_methods(methods);
+        }
         if let Some(budget) = self.budget {
             policy = policy.budget(budget);
         }
@@ -638,14 +708,19 @@ impl ClientBuilder {
         let backoff = BackoffLayer::try_new(backoff)?;
         let classify = ClassifyLayer::new(self.classifier);
 
-        let attempts =
-            AttemptStack::new(self.trace.attempt_layer().layer(backoff.layer(gate.layer(
+        // gRPC's two layers only when configured: a plain HTTP request
+        // then pays nothing for them (not even a header look-up).
+        let mark = option_layer(self.grpc_methods.map(MarkRetryableLayer::new));
+        let propagate = option_layer(self.propagate);
+
+        let attempts = AttemptStack::new(self.trace.attempt_layer().layer(propagate.layer(
+            backoff.layer(gate.layer(
                 adaptive.layer(retry_after.layer(classify.layer(attempt.layer(transport.clone())))),
-            ))));
-        let stack =
-            self.trace.layer(CancelLayer::new().layer(
-                deadline.layer(concurrency.layer(idempotency.layer(retry.layer(attempts)))),
-            ));
+            )),
+        )));
+        let stack = self.trace.layer(CancelLayer::new().layer(
+            deadline.layer(concurrency.layer(idempotency.layer(mark.layer(retry.layer(attempts))))),
+        ));
 
         // The JSON helpers' stack: the very same layer values (their state is
         // behind `Arc`s, so both stacks share the pool, budget, limiters and
@@ -655,12 +730,15 @@ impl ClientBuilder {
                 .max_bytes(self.max_response_body)
                 .layer(attempt.layer(transport)),
         );
-        let collecting_attempts = CollectingAttemptStack::new(self.trace.attempt_layer().layer(
-            backoff.layer(gate.layer(adaptive.layer(retry_after.layer(classify.layer(collected))))),
-        ));
-        let collecting = self.trace.layer(CancelLayer::new().layer(
-            deadline.layer(concurrency.layer(idempotency.layer(retry.layer(collecting_attempts)))),
-        ));
+        let collecting_attempts =
+            CollectingAttemptStack::new(self.trace.attempt_layer().layer(propagate.layer(
+                backoff.layer(
+                    gate.layer(adaptive.layer(retry_after.layer(classify.layer(collected)))),
+                ),
+            )));
+        let collecting = self.trace.layer(CancelLayer::new().layer(deadline.layer(
+            concurrency.layer(idempotency.layer(mark.layer(retry.layer(collecting_attempts)))),
+        )));
         Ok(Client {
             inner: Stack::new(stack),
             collecting: CollectingStack::new(collecting),
