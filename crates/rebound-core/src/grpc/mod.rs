@@ -100,7 +100,7 @@
 //!   task's current deadline ([`Deadline::scope`](crate::Deadline::scope));
 //!   see the layer for its limits (spawned tasks).
 //!
-//! With the `tonic` feature, [`tonic`](self::tonic) maps rebound's errors to
+//! With the `tonic` feature, [`tonic`] maps rebound's errors to
 //! the right `tonic::Status`, and the retry layer takes `tonic::body::Body`
 //! as it is ([`RetryBody`](crate::RetryBody)).
 

@@ -15,7 +15,7 @@
 //!
 //! The rebound [`Error`] stays reachable: it is the status's `source()`
 //! ([`error_of`]), with its [`Attempts`] and
-//! [`RetryStop`](crate::RetryStop). Those two are also put in the status's
+//! [`RetryStop`]. Those two are also put in the status's
 //! metadata as `rebound-attempts` and `rebound-retry-stop` — and in the
 //! response headers of a call that ended with a gRPC status after retries,
 //! where tonic's client reads them into the `Status` it makes (or the
@@ -178,7 +178,7 @@ where
 }
 
 pub mod future {
-    //! The response future of [`IntoStatus`](super::IntoStatus).
+    //! The response future of [`IntoStatus`].
 
     use super::*;
 
