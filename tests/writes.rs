@@ -125,6 +125,46 @@ async fn a_callers_key_is_kept_as_is() {
     }
 }
 
+#[tokio::test]
+async fn a_blank_callers_key_is_no_key_and_the_post_is_sent_once() {
+    // Issue 10, item 3: servers trim the header and would see an empty key
+    // on every attempt. A blank key is no key: one attempt, the caller's
+    // header left as it was.
+    for blank in ["", "   ", "\t", " \t "] {
+        let server = FaultServer::builder()
+            .route("/orders", busy_then_created())
+            .start()
+            .await;
+        let client = fast().build().unwrap();
+        let mut req = post(server.url("/orders"), "{}");
+        req.headers_mut()
+            .insert("idempotency-key", blank.parse().unwrap());
+        let res = client.send(req).await.unwrap();
+        assert_eq!(res.status(), 503, "{blank:?}");
+        assert_eq!(
+            res.extensions().get::<RetryStop>(),
+            Some(&RetryStop::NotEligible),
+            "{blank:?}"
+        );
+        let seen = server.requests_to("/orders");
+        assert_eq!(
+            seen.len(),
+            1,
+            "{blank:?}: the server saw {} requests",
+            seen.len()
+        );
+        assert_eq!(
+            seen[0]
+                .headers
+                .get("idempotency-key")
+                .map(|v| v.as_bytes().trim_ascii()),
+            Some(&b""[..]),
+            "{blank:?}"
+        );
+        assert_eq!(seen[0].headers.get_all("idempotency-key").iter().count(), 1);
+    }
+}
+
 // ===== streamed request bodies =====
 
 #[tokio::test]
@@ -208,6 +248,136 @@ async fn the_replay_cap_is_configurable() {
         Some(&RetryStop::NotReplayable)
     );
     assert_eq!(server.requests_to("/upload").len(), 1);
+}
+
+#[tokio::test]
+async fn an_early_503_to_a_stream_still_being_sent_is_returned_and_never_retried_truncated() {
+    // Issue 10, item 4: a POST (with a key) streaming 100 KiB of unknown
+    // length, over the 64 KiB replay cap, answered 503 after the server read
+    // 4 KiB, on a keep-alive connection, while the body is still streaming.
+    // A retry started then would play back the first bytes and go on the
+    // wire truncated once the body passed the cap; the caller would get
+    // "not replayable" instead of the 503.
+    let server = FaultServer::builder()
+        .route(
+            "/upload",
+            [Action::status(503).body("busy").after_body_bytes(4 * 1024)],
+        )
+        .default(Action::status(201).body("created"))
+        .start()
+        .await;
+    let client = fast().build().unwrap();
+    let data = pattern(100 * 1024);
+
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(4);
+    let chunks = stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) });
+    let body = Body::from_stream(chunks);
+    let responded = tokio::sync::Notify::new();
+    let send = async {
+        let res = client.send(post(server.url("/upload"), body)).await;
+        responded.notify_one();
+        res
+    };
+    let produce = async {
+        let mut parts = data.chunks(1024).map(Bytes::copy_from_slice);
+        for part in parts.by_ref().take(8) {
+            tx.send(Ok(part)).await.unwrap();
+        }
+        // Hold the rest until the caller has its answer, or until a retry
+        // opened a second connection (what the bug did), whichever first.
+        tokio::select! {
+            _ = responded.notified() => {}
+            _ = server.wait_for_connections(2, BOUND) => {}
+        }
+        for part in parts {
+            if tx.send(Ok(part)).await.is_err() {
+                break; // the transport let go of the body
+            }
+        }
+        drop(tx); // the end of the stream
+    };
+    let (res, ()) = tokio::time::timeout(BOUND, async { tokio::join!(send, produce) })
+        .await
+        .expect("bounded");
+    let res = res.expect("the caller gets the real outcome, not an error");
+    assert_eq!(res.status(), 503);
+    assert_eq!(
+        res.extensions().get::<RetryStop>(),
+        Some(&RetryStop::NotReplayable)
+    );
+    assert_eq!(Attempts::of(res.extensions()), 1);
+
+    // The first request is recorded once its body is read to the end.
+    server.wait_for_requests(1, BOUND).await.unwrap();
+    // Give a retry, were one started, the time to reach the server.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        server.requests_started(),
+        1,
+        "no second request was started"
+    );
+    assert_eq!(server.request_count(), 1);
+    assert_eq!(server.connections(), 1);
+    let seen = server.requests_to("/upload");
+    assert!(is_uuid_v4(seen[0].header("idempotency-key").unwrap()));
+    // The attempt in flight still sent the whole body.
+    assert_eq!(seen[0].body.len(), data.len());
+    assert!(seen[0].body[..] == data[..]);
+}
+
+#[tokio::test]
+async fn an_early_503_to_a_stream_that_ends_during_the_backoff_is_retried_whole() {
+    // The same early 503, to a 10 KiB stream (under the cap) that ends
+    // shortly after: the retry waits out its backoff (1 s, no jitter),
+    // finds the body whole, and sends it whole.
+    let server = FaultServer::builder()
+        .route(
+            "/upload",
+            [Action::status(503).body("busy").after_body_bytes(4 * 1024)],
+        )
+        .default(Action::status(201).body("created"))
+        .start()
+        .await;
+    let client = Client::builder()
+        .backoff(
+            Backoff::exponential(Duration::from_secs(1), Duration::from_secs(1))
+                .jitter(Jitter::Proportional(0.0)),
+        )
+        .build()
+        .unwrap();
+    let data = pattern(10 * 1024);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(4);
+    let chunks = stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) });
+    let send = client.send(post(server.url("/upload"), Body::from_stream(chunks)));
+    let produce = async {
+        let mut parts = data.chunks(1024).map(Bytes::copy_from_slice);
+        for part in parts.by_ref().take(6) {
+            tx.send(Ok(part)).await.unwrap();
+        }
+        // The rest once the server has the head (it answers at 4 KiB).
+        // Bounded by the whole test's timeout.
+        while server.requests_started() == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        for part in parts {
+            tx.send(Ok(part)).await.unwrap();
+        }
+        drop(tx);
+    };
+    let (res, ()) = tokio::time::timeout(BOUND, async { tokio::join!(send, produce) })
+        .await
+        .expect("bounded");
+    let res = res.unwrap();
+    assert_eq!(res.status(), 201);
+    assert_eq!(Attempts::of(res.extensions()), 2);
+    let seen = server.requests_to("/upload");
+    assert_eq!(seen.len(), 2);
+    assert_eq!(server.requests_started(), 2);
+    for r in &seen {
+        assert_eq!(r.body.len(), data.len(), "attempt {}", r.index);
+        assert!(r.body[..] == data[..], "attempt {} body differs", r.index);
+    }
 }
 
 // ===== JSON helpers =====
@@ -528,7 +698,7 @@ async fn json_helpers_reuse_the_connection_across_attempts_too() {
 #[tokio::test]
 async fn both_stacks_share_the_retry_after_gate() {
     let server = FaultServer::builder()
-        .route("/a", [Action::status(503).header("retry-after", "30")])
+        .route("/a", [Action::status(429).header("retry-after", "30")])
         .default(Action::status(200).body(ORDER))
         .start()
         .await;
@@ -543,7 +713,7 @@ async fn both_stacks_share_the_retry_after_gate() {
         .send(Request::get(server.url("/a")).body(()).unwrap())
         .await
         .unwrap();
-    assert_eq!(res.status(), 503);
+    assert_eq!(res.status(), 429);
     let err = client
         .get_json::<Order>(server.url("/b"))
         .await

@@ -65,8 +65,9 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::annotations::{Deadline, Sent};
-use crate::deadline::{validate_duration, RequestName};
+use crate::config::validate_duration;
 use crate::error::{BoxError, Error, TimeoutStage};
+use crate::redact::RequestName;
 
 // ===== impl AttemptTimeoutLayer =====
 

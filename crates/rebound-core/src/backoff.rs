@@ -83,7 +83,7 @@ use crate::annotations::{
 use crate::error::{BoxError, Error};
 
 /// The largest cap a [`Backoff`] accepts: one day.
-pub const MAX_CAP: Duration = Duration::from_secs(24 * 60 * 60);
+pub const MAX_CAP: Duration = crate::config::MAX_DURATION;
 
 /// The largest multiplier a [`Backoff`] accepts.
 pub const MAX_MULTIPLIER: f64 = 100.0;

@@ -31,6 +31,22 @@ pub trait ReplayableBody: http_body::Body + Sized {
     /// A copy of this body, from its start, for another attempt; `None` if
     /// this body cannot be replayed.
     fn try_replay(&self) -> Option<Self>;
+
+    /// A copy for a **retry**, only if it is known to be sent whole, from
+    /// its first byte to its last: `None` when a copy made now could still
+    /// be cut short (e.g. a streamed body that another attempt is still
+    /// reading and that may yet pass its replay cap).
+    ///
+    /// The retry layer asks this before every retry (and
+    /// [`try_replay`](Self::try_replay) before the first attempt); on
+    /// `None` it stops and returns the last real outcome instead of starting
+    /// an attempt that might go on the wire truncated.
+    ///
+    /// The default is [`try_replay`](Self::try_replay): right for bodies
+    /// in memory, whose copies are always whole.
+    fn try_replay_whole(&self) -> Option<Self> {
+        self.try_replay()
+    }
 }
 
 impl<D> ReplayableBody for Full<D>
@@ -73,9 +89,14 @@ pub trait RetryBody: http_body::Body + Sized {
     /// (`None`: this body cannot be sent again).
     fn keep(self) -> (Self, Option<Self::Kept>);
 
-    /// A body for another attempt, from its start; `None` if it can no
-    /// longer be replayed (e.g. it streamed past its cap).
+    /// A body for a retry, from its start, only if it is known to be sent
+    /// whole (see [`ReplayableBody::try_replay_whole`]); `None` if it cannot
+    /// be replayed (it streamed past its cap) or not yet known to be whole.
     fn replay(kept: &Self::Kept) -> Option<Self>;
+
+    /// Whether a copy can still be made at all (within its cap), even if
+    /// it is not yet known to be whole: the retry loop then waits for it.
+    fn may_replay(kept: &Self::Kept) -> bool;
 }
 
 impl<B: ReplayableBody> RetryBody for B {
@@ -87,7 +108,11 @@ impl<B: ReplayableBody> RetryBody for B {
     }
 
     fn replay(kept: &Self::Kept) -> Option<Self> {
-        kept.try_replay()
+        kept.try_replay_whole()
+    }
+
+    fn may_replay(kept: &Self::Kept) -> bool {
+        kept.try_replay().is_some()
     }
 }
 
@@ -105,6 +130,10 @@ impl RetryBody for tonic::body::Body {
     }
 
     fn replay(kept: &Self::Kept) -> Option<Self> {
-        kept.try_replay().map(tonic::body::Body::new)
+        kept.try_replay_whole().map(tonic::body::Body::new)
+    }
+
+    fn may_replay(kept: &Self::Kept) -> bool {
+        kept.try_replay().is_some()
     }
 }

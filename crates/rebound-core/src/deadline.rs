@@ -68,7 +68,7 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
-use http::{Method, Request, Response, Uri};
+use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
@@ -76,57 +76,9 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::annotations::{Deadline, DeadlineScope};
+use crate::config::validate_duration;
 use crate::error::{BoxError, Error, TimeoutStage};
-
-/// The longest duration a timeout layer accepts: one day. Anything longer is
-/// certainly a unit mistake (milliseconds passed as seconds, ...).
-pub(crate) const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 60 * 60);
-
-/// Checks a configured duration: not zero, not longer than a day.
-pub(crate) fn validate_duration(what: &str, d: Duration) -> Result<Duration, Error> {
-    if d.is_zero() {
-        return Err(Error::config(format!("{what} must be greater than zero")));
-    }
-    if d > MAX_TIMEOUT {
-        return Err(Error::config(format!(
-            "{what} of {d:?} is longer than the maximum of {MAX_TIMEOUT:?}"
-        )));
-    }
-    Ok(d)
-}
-
-/// What an error says about its request: kept only to call
-/// [`Error::with_request`] when something fails.
-#[derive(Clone)]
-pub(crate) struct RequestName {
-    method: Method,
-    uri: Uri,
-}
-
-impl RequestName {
-    pub(crate) fn of<B>(req: &Request<B>) -> Self {
-        RequestName {
-            method: req.method().clone(),
-            uri: req.uri().clone(),
-        }
-    }
-
-    pub(crate) fn name(&self, err: Error) -> Error {
-        err.with_request(&self.method, &self.uri)
-    }
-}
-
-impl fmt::Debug for RequestName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // Never the raw URI: it may carry userinfo or a query string.
-        write!(
-            f,
-            "{} {}",
-            self.method,
-            crate::redact::RedactedUri::new(&self.uri)
-        )
-    }
-}
+use crate::redact::RequestName;
 
 // ===== impl DeadlineLayer =====
 

@@ -11,7 +11,11 @@
 //! `Display` names what failed, the method and the URL **without** query,
 //! userinfo or any header value: `timeout (headers) for GET
 //! https://api.example.com/v1/models`. Nothing the caller sent is ever
-//! printed beyond that.
+//! printed beyond that. An API with secrets in its paths sets a
+//! [`PathRedaction`] on the trace layer (or the client): every error that
+//! leaves through the trace layers then shows the path as the spans do
+//! (`for GET https://api.example.com/v1/keys/{key}`), see
+//! [`Error::redact_path`].
 //!
 //! Every rebound layer has `type Error = rebound::Error`. Inner errors are
 //! turned into it with [`Error::from_boxed`], which never wraps an inner
@@ -38,7 +42,7 @@ use std::fmt;
 use http::{Extensions, Method, Uri};
 
 use crate::annotations::{Attempts, RetryStop};
-use crate::redact::RedactedUri;
+use crate::redact::{PathRedaction, RedactedUri};
 
 /// A boxed error: what `tower` layers exchange.
 pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
@@ -232,6 +236,18 @@ impl Error {
             self.inner.url = Some(RedactedUri::new(uri));
         }
         self
+    }
+
+    /// Show the path of the URL this error names as `redaction` says
+    /// (see [`PathRedaction`]); applied once, so a path redacted already is
+    /// kept. The trace layers do this to every error that passes through
+    /// them, with their configured redaction, so an error that reaches the
+    /// caller through them shows the path as the spans do. A no-op for an
+    /// error that names no request and for [`PathRedaction::full`].
+    pub fn redact_path(&mut self, redaction: &PathRedaction) {
+        if let Some(url) = &mut self.inner.url {
+            url.redact_path(redaction);
+        }
     }
 
     /// Turn any boxed error into a rebound `Error`. An inner error that

@@ -43,8 +43,30 @@
 //! In every case the request leaves with the header *and* the
 //! [`IdempotencyKey`] annotation, which tells the retry layer that this
 //! request may be retried although its method is not idempotent: the server
-//! can recognise a repeat. Requests of other methods pass untouched. An
-//! empty value is not a key: it is neither added nor annotated.
+//! can recognise a repeat. Requests of other methods pass untouched.
+//!
+//! # A blank key is no key
+//!
+//! A key that is empty or only spaces and tabs
+//! ([`IdempotencyKey::is_blank`]) is **no key**: servers trim header values,
+//! so every attempt would reach them with an empty key, which cannot tell a
+//! repeat from a new request. So:
+//!
+//! * a blank `Idempotency-Key` header set by the caller is left as it is
+//!   (the request is the caller's), but it is **not annotated**, and an
+//!   [`IdempotencyKey`] annotation the caller set next to it is removed: the
+//!   request is then not made retryable by a key, and a POST is sent **once**
+//!   (the retry layer, too, takes a blank header as no key, so the same holds
+//!   without this layer);
+//! * a blank [`IdempotencyKey`] annotation without a header is ignored, and
+//!   the layer adds a fresh key as if there were none;
+//! * a blank value from the generator means "no key": nothing is added.
+//!
+//! We chose "no key, sent once" over failing the request because an empty
+//! key header is what a caller sends when it has no key to give (an unset
+//! variable in a template), and a request without a key is a valid request:
+//! it must only never be repeated. The layer never sends anything twice on
+//! the strength of a key the server cannot see.
 //!
 //! Put the layer **above** the retry layer: it runs once per logical request,
 //! so every attempt carries the same key.
@@ -130,8 +152,8 @@ pub const REASON_REUSED: &str = "idempotency key reused with another body";
 /// # let _ = layer;
 /// ```
 pub trait MakeIdempotencyKey {
-    /// A new key. It must be unique per logical request; an empty value
-    /// means "no key".
+    /// A new key. It must be unique per logical request; a blank value
+    /// (empty or only whitespace) means "no key".
     fn make_key(&self) -> HeaderValue;
 }
 
@@ -295,7 +317,12 @@ impl<M: MakeIdempotencyKey> Config<M> {
         }
         if let Some(value) = req.headers().get(&self.header) {
             // The caller's key: kept as is, annotated for the retry layer.
-            if value.is_empty() {
+            if IdempotencyKey::is_blank(value) {
+                // No key the server can see: nothing may make this request
+                // retryable by a key (see "A blank key is no key").
+                if req.extensions().get::<IdempotencyKey>().is_some() {
+                    req.extensions_mut().remove::<IdempotencyKey>();
+                }
                 return false;
             }
             if req.extensions().get::<IdempotencyKey>().is_none() {
@@ -306,10 +333,13 @@ impl<M: MakeIdempotencyKey> Config<M> {
         }
         let value = match req.extensions().get::<IdempotencyKey>() {
             // The caller chose the key through the annotation only.
-            Some(key) if !key.0.is_empty() => key.0.clone(),
+            Some(key) if !IdempotencyKey::is_blank(&key.0) => key.0.clone(),
             _ => {
                 let value = self.make.make_key();
-                if value.is_empty() {
+                if IdempotencyKey::is_blank(&value) {
+                    if req.extensions().get::<IdempotencyKey>().is_some() {
+                        req.extensions_mut().remove::<IdempotencyKey>();
+                    }
                     return false;
                 }
                 req.extensions_mut().insert(IdempotencyKey(value.clone()));

@@ -31,6 +31,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod annotations;
+pub mod config;
 pub mod error;
 pub mod foreign;
 pub mod redact;

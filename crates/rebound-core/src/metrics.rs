@@ -66,7 +66,7 @@ use ::metrics::{
 };
 use http::{Method, StatusCode};
 
-pub use crate::trace::{GateWait, LimiterState};
+pub use crate::annotations::{GateWait, LimiterState};
 
 /// Duration of a logical request, to the response head (seconds).
 pub const REQUEST_DURATION: &str = "http.client.request.duration";

@@ -10,7 +10,29 @@
 //! let uri: http::Uri = "https://me:pw@api.example.com/v1/chat?api_key=s3cret".parse().unwrap();
 //! assert_eq!(RedactedUri::new(&uri).to_string(), "https://api.example.com/v1/chat");
 //! ```
+//!
+//! # Paths
+//!
+//! The path is shown by default (OpenTelemetry's `url.path`). An API that
+//! puts a secret in the path (`/v1/keys/<secret>`) sets a
+//! [`PathRedaction`]: hidden, templated (`/v1/keys/{key}`), or rewritten by
+//! a closure. It is **one setting**, given to the trace layer
+//! ([`TraceBuilder::path_redaction`](crate::trace::TraceBuilder::path_redaction))
+//! or to the ready-made client, and used by everything that shows a path:
+//! the spans' `url.path`, the events' `url.path`, and the URL in the
+//! `Display` and `Debug` of every [`Error`](crate::Error) that leaves
+//! through the trace layers.
+//!
+//! ```
+//! use rebound_core::redact::{PathRedaction, RedactedUri};
+//!
+//! let uri: http::Uri = "https://api.example.com/v1/keys/sk-s3cret".parse().unwrap();
+//! let keys = PathRedaction::templates(["/v1/keys/{key}"]);
+//! let shown = RedactedUri::new(&uri).with_path_redaction(&keys);
+//! assert_eq!(shown.to_string(), "https://api.example.com/v1/keys/{key}");
+//! ```
 
+use std::borrow::Cow;
 use std::fmt;
 
 use std::sync::Arc;
@@ -19,13 +41,17 @@ use http::header::{self, Entry, HeaderMap, HeaderName};
 use http::uri::{Authority, Scheme};
 use http::Uri;
 
-/// A URL with its userinfo, query and fragment removed; safe to log.
+/// A URL with its userinfo, query and fragment removed; safe to log, once
+/// its path is redacted too if the path can hold a secret
+/// ([`with_path_redaction`](Self::with_path_redaction)).
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct RedactedUri {
     scheme: Option<Scheme>,
     host: Option<String>,
     port: Option<u16>,
     path: String,
+    /// Whether a [`PathRedaction`] other than the default was applied.
+    path_redacted: bool,
 }
 
 impl RedactedUri {
@@ -36,7 +62,39 @@ impl RedactedUri {
             host: uri.host().map(str::to_owned),
             port: uri.port_u16(),
             path: uri.path().to_owned(),
+            path_redacted: false,
         }
+    }
+
+    /// The same URL with its path shown as `redaction` says: the template
+    /// it matches, what the closure made of it, or
+    /// [`HIDDEN_PATH`] when hidden. Applied once: a path already redacted
+    /// (by a redaction other than [`PathRedaction::full`]) is kept as is.
+    pub fn with_path_redaction(mut self, redaction: &PathRedaction) -> Self {
+        self.redact_path(redaction);
+        self
+    }
+
+    /// In place, as [`with_path_redaction`](Self::with_path_redaction).
+    pub(crate) fn redact_path(&mut self, redaction: &PathRedaction) {
+        if self.path_redacted || redaction.is_full() {
+            return;
+        }
+        let shown = match redaction.show(&self.path) {
+            Some(Cow::Borrowed(p)) if p == self.path => None,
+            Some(p) => Some(p.into_owned()),
+            None => Some(HIDDEN_PATH.to_owned()),
+        };
+        if let Some(path) = shown {
+            self.path = path;
+        }
+        self.path_redacted = true;
+    }
+
+    /// Whether a path redaction was applied
+    /// ([`with_path_redaction`](Self::with_path_redaction)).
+    pub fn is_path_redacted(&self) -> bool {
+        self.path_redacted
     }
 
     /// The scheme, if the URL has one.
@@ -81,6 +139,249 @@ impl fmt::Debug for RedactedUri {
     }
 }
 
+/// What an error may say about its request: the method and the URI, kept
+/// only to call [`Error::with_request`](crate::Error::with_request) (which
+/// keeps the [redacted](RedactedUri) form) when something fails. Its `Debug`
+/// is redacted too. Used by every layer and by `rebound-hyper`'s transport,
+/// so errors are named the same way everywhere.
+#[derive(Clone)]
+pub struct RequestName {
+    method: http::Method,
+    uri: Uri,
+}
+
+impl RequestName {
+    /// The name of `req` (clones its method and URI: reference counts, no
+    /// allocation for standard methods).
+    pub fn of<B>(req: &http::Request<B>) -> Self {
+        RequestName {
+            method: req.method().clone(),
+            uri: req.uri().clone(),
+        }
+    }
+
+    /// `err`, named with this request (a request already named is kept).
+    pub fn name(&self, err: crate::Error) -> crate::Error {
+        err.with_request(&self.method, &self.uri)
+    }
+}
+
+impl fmt::Debug for RequestName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never the raw URI: it may carry userinfo or a query string.
+        write!(f, "{} {}", self.method, RedactedUri::new(&self.uri))
+    }
+}
+
+// ===== paths =====
+
+/// What an error shows for a path that is [hidden](PathRedaction::hidden):
+/// `/{redacted}`. (Spans and events leave `url.path` out instead.)
+pub const HIDDEN_PATH: &str = "/{redacted}";
+
+/// How the path of a request URL is shown in spans, events and errors; see
+/// the [module docs](self).
+///
+/// * [`full`](Self::full) (the default): as it is;
+/// * [`hidden`](Self::hidden): never; spans and events have no `url.path`,
+///   errors show [`HIDDEN_PATH`];
+/// * [`templates`](Self::templates): a path that matches one of the
+///   templates (`/v1/keys/{key}`: `{..}` stands for one non-empty segment)
+///   is shown as that template, any other path as it is;
+/// * [`with`](Self::with): as a closure of yours makes it.
+///
+/// ```
+/// use std::borrow::Cow;
+/// use rebound_core::redact::PathRedaction;
+///
+/// let keys = PathRedaction::templates(["/v1/keys/{key}", "/v1/users/{id}/tokens/{token}"]);
+/// assert_eq!(keys.show("/v1/keys/sk-123").as_deref(), Some("/v1/keys/{key}"));
+/// assert_eq!(keys.show("/v1/users/7/tokens/t-9").as_deref(), Some("/v1/users/{id}/tokens/{token}"));
+/// assert_eq!(keys.show("/v1/models").as_deref(), Some("/v1/models"));
+///
+/// assert_eq!(PathRedaction::hidden().show("/v1/keys/sk-123"), None);
+///
+/// // Keep the first segment only.
+/// let first = PathRedaction::with(|path: &str| match path[1..].find('/') {
+///     Some(end) => Cow::Owned(format!("{}/*", &path[..end + 1])),
+///     None => Cow::Borrowed(path),
+/// });
+/// assert_eq!(first.show("/v1/keys/sk-123").as_deref(), Some("/v1/*"));
+/// ```
+///
+/// Cheap to clone (the templates and the closure are shared). Nothing is
+/// computed unless a path is about to be shown: a span that is off, or a
+/// request that succeeds with INFO-level logging, never calls it.
+#[derive(Clone, Default)]
+pub struct PathRedaction {
+    kind: PathKind,
+}
+
+type PathFn = dyn Fn(&str) -> Cow<'_, str> + Send + Sync;
+
+#[derive(Clone, Default)]
+enum PathKind {
+    #[default]
+    Full,
+    Hidden,
+    Templates(Arc<[Template]>),
+    Custom(Arc<PathFn>),
+}
+
+/// A path template: `/v1/keys/{key}`, split into segments.
+struct Template {
+    text: String,
+    /// `None` for a `{..}` segment, else the literal.
+    segments: Vec<Option<String>>,
+}
+
+impl Template {
+    fn parse(text: &str) -> Result<Self, crate::Error> {
+        let bad =
+            |why: &str| crate::Error::config(format!("path template {text:?} is invalid: {why}"));
+        let Some(rest) = text.strip_prefix('/') else {
+            return Err(bad("it must start with '/'"));
+        };
+        let mut segments = Vec::new();
+        for seg in rest.split('/') {
+            if let Some(name) = seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')) {
+                if name.is_empty() || name.contains(['{', '}']) {
+                    return Err(bad("a parameter is `{name}`, a whole segment"));
+                }
+                segments.push(None);
+            } else if seg.contains(['{', '}']) {
+                return Err(bad("a parameter is `{name}`, a whole segment"));
+            } else {
+                segments.push(Some(seg.to_owned()));
+            }
+        }
+        Ok(Template {
+            text: text.to_owned(),
+            segments,
+        })
+    }
+
+    fn matches(&self, path: &str) -> bool {
+        let Some(rest) = path.strip_prefix('/') else {
+            return false;
+        };
+        let mut parts = rest.split('/');
+        for seg in &self.segments {
+            match (seg, parts.next()) {
+                (_, None) => return false,
+                (None, Some("")) => return false,
+                (None, Some(_)) => {}
+                (Some(lit), Some(part)) if lit != part => return false,
+                (Some(_), Some(_)) => {}
+            }
+        }
+        parts.next().is_none()
+    }
+}
+
+impl PathRedaction {
+    /// Paths shown as they are (the default).
+    pub fn full() -> Self {
+        PathRedaction {
+            kind: PathKind::Full,
+        }
+    }
+
+    /// Paths never shown: spans and events leave `url.path` out, errors
+    /// show [`HIDDEN_PATH`] instead.
+    pub fn hidden() -> Self {
+        PathRedaction {
+            kind: PathKind::Hidden,
+        }
+    }
+
+    /// A path that matches one of `templates` is shown as the template; any
+    /// other path as it is. A template is a path whose segments may be
+    /// `{name}`, which matches any one non-empty segment
+    /// (`/v1/keys/{key}`); the first template that matches wins.
+    ///
+    /// # Panics
+    ///
+    /// If a template is invalid (see [`try_templates`](Self::try_templates)).
+    pub fn templates<I>(templates: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        match Self::try_templates(templates) {
+            Ok(r) => r,
+            Err(e) => panic!("PathRedaction::templates: {e}"),
+        }
+    }
+
+    /// As [`templates`](Self::templates), for templates that come from
+    /// configuration.
+    ///
+    /// # Errors
+    ///
+    /// A [configuration error](crate::Error::is_config) naming the
+    /// template if one does not start with `/`, or has a brace that is not
+    /// a whole `{name}` segment.
+    pub fn try_templates<I>(templates: I) -> Result<Self, crate::Error>
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        let parsed = templates
+            .into_iter()
+            .map(|t| Template::parse(t.as_ref()))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(PathRedaction {
+            kind: PathKind::Templates(Arc::from(parsed)),
+        })
+    }
+
+    /// Paths shown as `f` makes them (`Cow::Borrowed(path)` to show a path
+    /// as it is, without allocating).
+    pub fn with<F>(f: F) -> Self
+    where
+        F: Fn(&str) -> Cow<'_, str> + Send + Sync + 'static,
+    {
+        PathRedaction {
+            kind: PathKind::Custom(Arc::new(f)),
+        }
+    }
+
+    /// Whether paths are shown as they are (the default).
+    pub fn is_full(&self) -> bool {
+        matches!(self.kind, PathKind::Full)
+    }
+
+    /// How `path` is shown; `None` when it is not shown at all.
+    pub fn show<'a>(&'a self, path: &'a str) -> Option<Cow<'a, str>> {
+        match &self.kind {
+            PathKind::Full => Some(Cow::Borrowed(path)),
+            PathKind::Hidden => None,
+            PathKind::Templates(templates) => Some(Cow::Borrowed(
+                templates
+                    .iter()
+                    .find(|t| t.matches(path))
+                    .map_or(path, |t| t.text.as_str()),
+            )),
+            PathKind::Custom(f) => Some(f(path)),
+        }
+    }
+}
+
+impl fmt::Debug for PathRedaction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            PathKind::Full => f.write_str("PathRedaction::Full"),
+            PathKind::Hidden => f.write_str("PathRedaction::Hidden"),
+            PathKind::Templates(t) => f
+                .debug_tuple("PathRedaction::Templates")
+                .field(&t.iter().map(|t| t.text.as_str()).collect::<Vec<_>>())
+                .finish(),
+            PathKind::Custom(_) => f.write_str("PathRedaction::Custom(..)"),
+        }
+    }
+}
+
 /// The authority of `uri` without userinfo (`host[:port]`), if it has one.
 pub fn authority_without_userinfo(uri: &Uri) -> Option<Authority> {
     let auth = uri.authority()?;
@@ -111,85 +412,227 @@ pub const ALWAYS_SENSITIVE: [HeaderName; 4] = [
     header::SET_COOKIE,
 ];
 
+/// The words that make a header name look secret, for the
+/// [name rule](HeaderDenyList::name_rule): a name that contains one of them
+/// (`x-amz-security-token`, `x-client-secret`, `x-session-id`,
+/// `x-goog-signature`, `x-goog-api-key`, `x-auth-user`, ...) is denied.
+pub const SECRET_NAME_WORDS: [&str; 9] = [
+    "token",
+    "secret",
+    "password",
+    "session",
+    "signature",
+    "api-key",
+    "api_key",
+    "apikey",
+    "auth",
+];
+
+/// A bit for byte `c`: one of its own for each lowercase letter; other
+/// bytes share bits with letters (a shared bit can only let a name through
+/// the filter, never keep one out).
+const fn letter_bit(c: u8) -> u64 {
+    1u64 << (c.wrapping_sub(b'a') & 63)
+}
+
+/// The set of bytes of each word of [`SECRET_NAME_WORDS`], as
+/// [`letter_bit`]s.
+const WORD_LETTERS: [u64; SECRET_NAME_WORDS.len()] = {
+    let mut out = [0u64; SECRET_NAME_WORDS.len()];
+    let mut w = 0;
+    while w < SECRET_NAME_WORDS.len() {
+        let word = SECRET_NAME_WORDS[w].as_bytes();
+        let mut i = 0;
+        while i < word.len() {
+            out[w] |= letter_bit(word[i]);
+            i += 1;
+        }
+        w += 1;
+    }
+    out
+};
+
+/// Whether a header name says it carries a secret: it contains one of
+/// [`SECRET_NAME_WORDS`] (header names are lowercase).
+///
+/// ```
+/// use http::header::HeaderName;
+/// use rebound_core::redact::name_looks_secret;
+///
+/// assert!(name_looks_secret(&HeaderName::from_static("x-amz-security-token")));
+/// assert!(name_looks_secret(&HeaderName::from_static("x-goog-api-key")));
+/// assert!(name_looks_secret(&HeaderName::from_static("www-authenticate")));
+/// assert!(!name_looks_secret(&HeaderName::from_static("accept")));
+/// assert!(!name_looks_secret(&HeaderName::from_static("x-request-id")));
+/// ```
+pub fn name_looks_secret(name: &HeaderName) -> bool {
+    // This runs for every header of every request and response, so first a
+    // cheap filter: the set of bytes in the name (one pass, a bit per byte
+    // value) must hold every letter of some word. `content-type`,
+    // `x-ratelimit-remaining`, `cache-control` fail it at once. Only then
+    // one pass comparing where a word can start.
+    let b = name.as_str().as_bytes();
+    let present = b.iter().fold(0u64, |m, &c| m | letter_bit(c));
+    if !WORD_LETTERS.iter().any(|&w| w & !present == 0) {
+        return false;
+    }
+    (0..b.len()).any(|i| {
+        let rest = &b[i..];
+        match b[i] {
+            b't' => rest.starts_with(b"token"),
+            b's' => {
+                rest.starts_with(b"secret")
+                    || rest.starts_with(b"session")
+                    || rest.starts_with(b"signature")
+            }
+            b'p' => rest.starts_with(b"password"),
+            b'a' => {
+                rest.starts_with(b"auth")
+                    || rest.starts_with(b"api-key")
+                    || rest.starts_with(b"api_key")
+                    || rest.starts_with(b"apikey")
+            }
+            _ => false,
+        }
+    })
+}
+
 /// Headers whose values are never recorded and which are marked
 /// [sensitive](http::HeaderValue::set_sensitive), so `Debug` of a request or
-/// response prints `Sensitive` instead of the value.
+/// response prints `Sensitive` instead of the value, and HTTP/2 never
+/// indexes them in HPACK.
 ///
 /// It always holds [`ALWAYS_SENSITIVE`] (`Authorization`,
-/// `Proxy-Authorization`, `Cookie`, `Set-Cookie`); the default list adds
-/// `x-api-key`, `api-key` and `x-auth-token`. Cheap to clone (shared).
+/// `Proxy-Authorization`, `Cookie`, `Set-Cookie`). The default list adds
+/// `x-api-key`, `api-key`, `x-auth-token`, `x-amz-security-token` and
+/// `x-goog-api-key`, and the [name rule](Self::name_rule): every header
+/// whose name contains `token`, `secret`, `password`, `session`,
+/// `signature`, `api-key` (or `api_key`, `apikey`) or `auth`
+/// ([`name_looks_secret`]). Cheap to clone (shared).
 ///
 /// ```
 /// use http::header::{HeaderMap, HeaderName, HeaderValue, AUTHORIZATION};
 /// use rebound_core::redact::HeaderDenyList;
 ///
-/// let deny = HeaderDenyList::default().with(HeaderName::from_static("x-session"));
+/// let deny = HeaderDenyList::default().with(HeaderName::from_static("x-tenant"));
 /// let mut headers = HeaderMap::new();
 /// headers.insert(AUTHORIZATION, HeaderValue::from_static("Bearer s3cret"));
-/// headers.insert("x-session", HeaderValue::from_static("s3cret"));
+/// headers.insert("x-tenant", HeaderValue::from_static("s3cret"));
+/// headers.insert("x-refresh-token", HeaderValue::from_static("s3cret"));
 /// deny.mark_sensitive(&mut headers);
 /// assert!(!format!("{headers:?}").contains("s3cret"));
 /// ```
 #[derive(Clone, PartialEq, Eq)]
 pub struct HeaderDenyList {
     names: Arc<[HeaderName]>,
+    /// Whether names that [look secret](name_looks_secret) are denied too.
+    rule: bool,
+    /// The names the rule does not catch (all of them without the rule):
+    /// those `mark_sensitive` must look up one by one.
+    uncaught: Arc<[HeaderName]>,
 }
 
 impl HeaderDenyList {
-    /// Only [`ALWAYS_SENSITIVE`]; nothing can be removed from it.
-    pub fn minimal() -> Self {
+    fn from_parts(names: Vec<HeaderName>, rule: bool) -> Self {
+        let uncaught: Vec<HeaderName> = names
+            .iter()
+            .filter(|n| !(rule && name_looks_secret(n)))
+            .cloned()
+            .collect();
         HeaderDenyList {
-            names: Arc::from(ALWAYS_SENSITIVE.to_vec()),
+            names: Arc::from(names),
+            rule,
+            uncaught: Arc::from(uncaught),
         }
+    }
+
+    /// Only [`ALWAYS_SENSITIVE`], without the name rule; the credential
+    /// headers cannot be removed from it.
+    pub fn minimal() -> Self {
+        HeaderDenyList::from_parts(ALWAYS_SENSITIVE.to_vec(), false)
     }
 
     /// The same list with `name` added (no-op if it is already there).
     pub fn with(self, name: HeaderName) -> Self {
-        if self.contains(&name) {
+        if self.names.contains(&name) {
             return self;
         }
         let mut names = self.names.to_vec();
         names.push(name);
-        HeaderDenyList {
-            names: Arc::from(names),
+        HeaderDenyList::from_parts(names, self.rule)
+    }
+
+    /// The same list, denying (`true`) or not every header whose name
+    /// [looks secret](name_looks_secret) besides the names on it. On in
+    /// the default list, off in [`minimal`](Self::minimal). Turn it off
+    /// only to record a header the rule catches (`x-session-id`, say) and
+    /// add the names you need to keep secret yourself.
+    pub fn name_rule(self, on: bool) -> Self {
+        if self.rule == on {
+            return self;
         }
+        HeaderDenyList::from_parts(self.names.to_vec(), on)
     }
 
-    /// Whether `name` is on the list.
+    /// Whether the name rule is on.
+    pub fn has_name_rule(&self) -> bool {
+        self.rule
+    }
+
+    /// Whether `name` is denied: on the list, or caught by the name rule.
     pub fn contains(&self, name: &HeaderName) -> bool {
-        self.names.iter().any(|n| n == name)
+        self.names.iter().any(|n| n == name) || (self.rule && name_looks_secret(name))
     }
 
-    /// The names on the list.
+    /// The names on the list (not those the name rule catches).
     pub fn names(&self) -> impl Iterator<Item = &HeaderName> {
         self.names.iter()
     }
 
-    /// Mark every value of every deny-listed header in `headers` as
-    /// sensitive. See [`set_sensitive`].
+    /// Mark every value of every denied header in `headers` as sensitive
+    /// (see [`set_sensitive`]): with the name rule on, every header of the
+    /// map is looked at once (no allocation).
     pub fn mark_sensitive(&self, headers: &mut HeaderMap) {
-        set_sensitive(headers, self.names.iter());
+        // The names the rule does not catch (by default `Cookie` and
+        // `Set-Cookie`), looked up; then one pass for the rule.
+        set_sensitive(headers, self.uncaught.iter());
+        if self.rule {
+            for (name, value) in headers.iter_mut() {
+                if !value.is_sensitive() && name_looks_secret(name) {
+                    value.set_sensitive(true);
+                }
+            }
+        }
     }
 }
 
 impl Default for HeaderDenyList {
-    /// [`ALWAYS_SENSITIVE`] plus `x-api-key`, `api-key` and `x-auth-token`.
+    /// [`ALWAYS_SENSITIVE`] plus `x-api-key`, `api-key`, `x-auth-token`,
+    /// `x-amz-security-token`, `x-goog-api-key`, and the name rule.
     fn default() -> Self {
         let mut names = ALWAYS_SENSITIVE.to_vec();
         names.extend([
             HeaderName::from_static("x-api-key"),
             HeaderName::from_static("api-key"),
             HeaderName::from_static("x-auth-token"),
+            HeaderName::from_static("x-amz-security-token"),
+            HeaderName::from_static("x-goog-api-key"),
         ]);
-        HeaderDenyList {
-            names: Arc::from(names),
-        }
+        HeaderDenyList::from_parts(names, true)
     }
 }
 
 impl fmt::Debug for HeaderDenyList {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_list().entries(self.names.iter()).finish()
+        let mut l = f.debug_list();
+        l.entries(self.names.iter());
+        if self.rule {
+            l.entry(&format_args!(
+                "<names with {}>",
+                SECRET_NAME_WORDS.join("|")
+            ));
+        }
+        l.finish()
     }
 }
 
@@ -320,6 +763,162 @@ mod tests {
         assert!(HeaderDenyList::default().contains(&HeaderName::from_static("api-key")));
         let with = minimal.clone().with(header::COOKIE);
         assert_eq!(with, minimal);
+    }
+
+    #[test]
+    fn default_deny_list_has_the_cloud_tokens_and_the_name_rule() {
+        let deny = HeaderDenyList::default();
+        for name in [
+            "x-amz-security-token",
+            "x-goog-api-key",
+            "x-refresh-token",
+            "x-client-secret",
+            "x-db-password",
+            "x-session-id",
+            "x-goog-signature",
+            "x-custom-api-key",
+            "x-my-apikey",
+            "x-auth-user",
+            "www-authenticate",
+        ] {
+            assert!(deny.contains(&HeaderName::from_static(name)), "{name}");
+        }
+        for name in [
+            "accept",
+            "content-type",
+            "x-request-id",
+            "retry-after",
+            "user-agent",
+        ] {
+            assert!(!deny.contains(&HeaderName::from_static(name)), "{name}");
+        }
+        // `minimal` has no rule; it can be turned on.
+        let minimal = HeaderDenyList::minimal();
+        assert!(!minimal.contains(&HeaderName::from_static("x-session-id")));
+        assert!(minimal
+            .name_rule(true)
+            .contains(&HeaderName::from_static("x-session-id")));
+        assert!(!HeaderDenyList::default()
+            .name_rule(false)
+            .contains(&HeaderName::from_static("x-session-id")));
+        // The listed names stay denied without the rule.
+        assert!(HeaderDenyList::default()
+            .name_rule(false)
+            .contains(&HeaderName::from_static("x-amz-security-token")));
+        assert!(!format!("{deny:?}").is_empty());
+    }
+
+    #[test]
+    fn the_name_rule_is_the_word_list() {
+        let naive = |n: &str| SECRET_NAME_WORDS.iter().any(|w| n.contains(w));
+        for name in [
+            "accept",
+            "authorization",
+            "x-auth",
+            "x-oauth-scope",
+            "tokens",
+            "x-tok",
+            "x-secre",
+            "x-secret",
+            "sessio",
+            "x-session",
+            "x-signatur",
+            "x-signature",
+            "password",
+            "x-passwd",
+            "api-ke",
+            "x-api-key",
+            "x_api_key",
+            "apikey",
+            "x-apik",
+            "content-type",
+            "x-request-id",
+            "set-cookie",
+            "x-amz-date",
+            "a",
+            "t",
+        ] {
+            let h = HeaderName::from_bytes(name.as_bytes()).unwrap();
+            assert_eq!(name_looks_secret(&h), naive(name), "{name}");
+        }
+        // The letter filter never keeps a real match out.
+        for word in SECRET_NAME_WORDS {
+            for name in [
+                word.to_owned(),
+                format!("x-{word}"),
+                format!("x-{word}-9"),
+                format!("0{word}_z"),
+            ] {
+                let h = HeaderName::from_bytes(name.as_bytes()).unwrap();
+                assert!(name_looks_secret(&h), "{name}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_name_rule_marks_values_sensitive() {
+        let mut headers = HeaderMap::new();
+        headers.insert("x-amz-security-token", "SECRET1".parse().unwrap());
+        headers.insert("x-goog-api-key", "SECRET2".parse().unwrap());
+        headers.append("x-upstream-session", "SECRET3".parse().unwrap());
+        headers.append("x-upstream-session", "SECRET4".parse().unwrap());
+        headers.insert(header::ACCEPT, "text/plain".parse().unwrap());
+        HeaderDenyList::default().mark_sensitive(&mut headers);
+        let shown = format!("{headers:?}");
+        assert!(!shown.contains("SECRET"), "{shown}");
+        assert!(shown.contains("text/plain"));
+        assert!(headers
+            .iter()
+            .filter(|(n, _)| *n != header::ACCEPT)
+            .all(|(_, v)| v.is_sensitive()));
+        assert!(!headers[header::ACCEPT].is_sensitive());
+    }
+
+    #[test]
+    fn path_templates_match_whole_segments() {
+        let t = PathRedaction::templates(["/v1/keys/{key}", "/v1/{org}/secrets/{name}"]);
+        assert_eq!(t.show("/v1/keys/abc").as_deref(), Some("/v1/keys/{key}"));
+        assert_eq!(
+            t.show("/v1/acme/secrets/db").as_deref(),
+            Some("/v1/{org}/secrets/{name}")
+        );
+        // No match: shown as is.
+        for path in [
+            "/v1/keys",
+            "/v1/keys/",
+            "/v1/keys/abc/more",
+            "/v2/keys/abc",
+            "/",
+        ] {
+            assert_eq!(t.show(path).as_deref(), Some(path), "{path}");
+        }
+        for bad in ["v1/keys", "/v1/{}", "/v1/a{b}", "/v1/{a}b", "/{a{b}}"] {
+            let e = PathRedaction::try_templates([bad]).err().unwrap();
+            assert!(e.is_config(), "{bad}");
+            assert!(e.to_string().contains(bad), "{e}");
+        }
+        assert!(PathRedaction::default().is_full());
+        assert_eq!(PathRedaction::hidden().show("/a"), None);
+    }
+
+    #[test]
+    fn a_redacted_uri_is_redacted_once() {
+        let uri: Uri = "https://h.example/v1/keys/SECRET?x=1".parse().unwrap();
+        let hidden = RedactedUri::new(&uri).with_path_redaction(&PathRedaction::hidden());
+        assert_eq!(hidden.to_string(), "https://h.example/{redacted}");
+        assert!(hidden.is_path_redacted());
+        // A second redaction does not apply to an already redacted path.
+        let again = hidden
+            .clone()
+            .with_path_redaction(&PathRedaction::templates(["/{x}"]));
+        assert_eq!(again, hidden);
+        // The default leaves the path and does not count as redacted.
+        let full = RedactedUri::new(&uri).with_path_redaction(&PathRedaction::full());
+        assert!(!full.is_path_redacted());
+        let closure = RedactedUri::new(&uri).with_path_redaction(&PathRedaction::with(|p| {
+            Cow::Owned(p.replace("SECRET", "***"))
+        }));
+        assert_eq!(closure.to_string(), "https://h.example/v1/keys/***");
     }
 
     #[test]

@@ -82,6 +82,26 @@
 //! start and nothing is ever recorded. A body of exactly `max_bytes` bytes is
 //! replayable. Only data counts; trailers are kept whatever their size.
 //!
+//! # Retries
+//!
+//! A retry asks for its copy with
+//! [`try_replay_whole`](ReplayableBody::try_replay_whole), which answers
+//! only if the copy is **known to be sent whole**: the real body has ended
+//! within the cap (everything is recorded), or no other copy is alive (the
+//! new copy will read the rest of the real body itself, and a copy that
+//! reads streams on past the cap), or the real body announces an upper
+//! bound that keeps the total under the cap. Otherwise it answers `None`:
+//! a server that answers early (a `503` after the first 4 KiB) while an
+//! attempt still streams a body of unknown length leaves that attempt's
+//! copy reading, and a retry copy made then would fail mid-stream, with a
+//! truncated request on the wire, if the body later passed the cap. The
+//! retry layer then asks again once its backoff delay is over (the body may
+//! have ended by then, or the attempt that read it may be gone), and if the
+//! answer is still `None` it stops and returns the real outcome (the
+//! `503`), with [`RetryStop::NotReplayable`](crate::RetryStop::NotReplayable).
+//! This is linkerd's rule too, with a grace of one backoff delay: a request
+//! whose response arrived before its body was fully read is not retried.
+//!
 //! # Errors
 //!
 //! A copy yields an [`Error`]:
@@ -462,14 +482,54 @@ where
         if shared.capped || matches!(shared.source, Source::Failed) {
             return None;
         }
-        Some(ReplayBody {
+        Some(self.copy())
+    }
+
+    /// A new copy, from the start, only if it is known to be sent whole
+    /// (see "Retries" in the [module docs](self)).
+    fn try_replay_whole(&self) -> Option<Self> {
+        let shared = lock(&self.shared);
+        if shared.capped {
+            return None;
+        }
+        let whole = match &shared.source {
+            Source::Ended => true,
+            Source::Failed => false,
+            Source::Open(body) => {
+                // The new copy will be the only reader of the real body: a
+                // reader streams the rest through even past the cap.
+                // (`self` must not be reading either: not started, or done.)
+                let idle = !self.started || self.done;
+                let alone = idle && Arc::strong_count(&self.shared) == 1;
+                // Or the rest is known to fit under the cap.
+                let fits = body.size_hint().upper().is_some_and(|rest| {
+                    shared.read_bytes.saturating_add(rest) <= shared.max_bytes as u64
+                });
+                alone || fits
+            }
+        };
+        if !whole {
+            tracing::debug!(
+                read_bytes = shared.read_bytes,
+                max_bytes = shared.max_bytes,
+                "request body still streaming, of unknown length: not replayed"
+            );
+            return None;
+        }
+        Some(self.copy())
+    }
+}
+
+impl<B> ReplayBody<B> {
+    fn copy(&self) -> Self {
+        ReplayBody {
             shared: Arc::clone(&self.shared),
             pos: 0,
             sent: 0,
             done: false,
             registered: false,
             started: false,
-        })
+        }
     }
 }
 

@@ -432,3 +432,129 @@ fn service_and_future_are_send_sync_and_clone() {
         .generator(move || HeaderValue::from(n.fetch_add(1, Ordering::Relaxed)));
     check(&with_generator.layer_service(inner));
 }
+
+// ===== a blank key is no key (issue 10, item 3) =====
+
+/// The real retry stack (idempotency key, retry, classify) over a mock
+/// that answers 503 every time.
+fn retrying_over(
+    mock: &rebound_test::mock::MockService,
+) -> impl Service<
+    Request<http_body_util::Full<bytes::Bytes>>,
+    Response = Response<http_body_util::Full<bytes::Bytes>>,
+    Error = Error,
+> {
+    ServiceBuilder::new()
+        .layer(IdempotencyKeyLayer::new())
+        .layer(rebound_core::RetryLayer::new(
+            rebound_core::RetryPolicy::default().max_attempts(3),
+        ))
+        .layer(rebound_core::ClassifyLayer::new(
+            rebound_core::HttpClassifier::default(),
+        ))
+        .service(mock.clone())
+}
+
+fn post_with_key(key: &'static str) -> Request<http_body_util::Full<bytes::Bytes>> {
+    let mut req = Request::builder()
+        .method(Method::POST)
+        .uri("http://api.example/v1/orders")
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(b"{}")))
+        .unwrap();
+    req.headers_mut()
+        .insert("idempotency-key", HeaderValue::from_static(key));
+    req
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_blank_callers_key_is_no_key_and_the_post_is_sent_once() {
+    use rebound_test::mock::{MockService, Reply};
+    for blank in ["", " ", "   ", "\t", " \t "] {
+        let mock = MockService::new().otherwise(Reply::code(503));
+        let mut req = post_with_key(blank);
+        // An annotation next to a blank header does not make it a key: the
+        // server sees the header.
+        req.extensions_mut()
+            .insert(IdempotencyKey(HeaderValue::from_static("not-what-is-sent")));
+        let res = retrying_over(&mock).oneshot(req).await.unwrap();
+        assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE, "{blank:?}");
+        assert_eq!(
+            res.extensions().get::<rebound_core::RetryStop>(),
+            Some(&rebound_core::RetryStop::NotEligible),
+            "{blank:?}"
+        );
+        let calls = mock.calls();
+        assert_eq!(calls.len(), 1, "{blank:?}: sent {} times", calls.len());
+        // The caller's header is left as it was: no key was made up.
+        assert_eq!(
+            calls[0]
+                .headers
+                .get("idempotency-key")
+                .map(|v| v.as_bytes()),
+            Some(blank.as_bytes())
+        );
+    }
+
+    // The control: a real key (even with spaces around it) is retried.
+    let mock = MockService::new().otherwise(Reply::code(503));
+    let res = retrying_over(&mock)
+        .oneshot(post_with_key(" k-1 "))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(mock.call_count(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_blank_key_without_the_key_layer_is_no_key_for_the_retry_layer() {
+    use rebound_test::mock::{MockService, Reply};
+    let mock = MockService::new().otherwise(Reply::code(503));
+    let svc = ServiceBuilder::new()
+        .layer(rebound_core::RetryLayer::new(
+            rebound_core::RetryPolicy::default().max_attempts(3),
+        ))
+        .layer(rebound_core::ClassifyLayer::new(
+            rebound_core::HttpClassifier::default(),
+        ))
+        .service(mock.clone());
+    let res = svc.oneshot(post_with_key("  ")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(mock.call_count(), 1);
+
+    // A blank annotation alone is no key either.
+    let mock = MockService::new().otherwise(Reply::code(503));
+    let svc = ServiceBuilder::new()
+        .layer(rebound_core::RetryLayer::new(
+            rebound_core::RetryPolicy::default().max_attempts(3),
+        ))
+        .layer(rebound_core::ClassifyLayer::new(
+            rebound_core::HttpClassifier::default(),
+        ))
+        .service(mock.clone());
+    let mut req = post_with_key("x");
+    req.headers_mut().remove("idempotency-key");
+    req.extensions_mut()
+        .insert(IdempotencyKey(HeaderValue::from_static(" \t")));
+    svc.oneshot(req).await.unwrap();
+    assert_eq!(mock.call_count(), 1);
+}
+
+#[tokio::test]
+async fn a_blank_annotation_gets_a_fresh_key_and_a_blank_generated_key_is_none() {
+    let (log, inner) = recorder(StatusCode::OK);
+    let mut svc = IdempotencyKeyLayer::new().layer_service(inner);
+    let mut req = request(Method::POST);
+    req.extensions_mut()
+        .insert(IdempotencyKey(HeaderValue::from_static("  ")));
+    send(&mut svc, req).await.unwrap();
+    let key = log.lock().unwrap()[0].header.clone().expect("a fresh key");
+    assert_uuid_v4(&key);
+
+    let (log, inner) = recorder(StatusCode::OK);
+    let mut svc = IdempotencyKeyLayer::new()
+        .generator(|| HeaderValue::from_static(" "))
+        .layer_service(inner);
+    send(&mut svc, request(Method::POST)).await.unwrap();
+    assert_eq!(log.lock().unwrap()[0].header, None);
+    assert_eq!(log.lock().unwrap()[0].annotation, None);
+}

@@ -550,3 +550,202 @@ async fn copies_announce_the_framing_of_the_real_body() {
     let _ = frames(kept.try_replay().unwrap()).await.unwrap();
     assert_eq!(kept.try_replay().unwrap().size_hint().exact(), Some(3));
 }
+
+// ===== retries: a copy only if it is known to be sent whole (issue 10) =====
+
+#[tokio::test]
+async fn no_whole_copy_while_another_copy_still_reads_a_body_of_unknown_length() {
+    let (tx, inner) = channel();
+    let kept = ReplayBody::with_max_bytes(inner, 10);
+    let mut a = kept.try_replay().unwrap();
+    let mut ta = task::spawn(());
+    data(&tx, "1234");
+    assert_eq!(data_of(poll(&mut ta, &mut a)), "1234");
+    // The server answered already; `a` is still being sent. A retry copy
+    // made now could be cut short if the body then passes the cap.
+    assert!(kept.try_replay_whole().is_none());
+    // (A plain copy is still possible: that is what a caller who accepts
+    // the risk would ask for.)
+    assert!(kept.try_replay().is_some());
+
+    // That is what would happen: `a` reads past the cap, a copy behind it
+    // cannot finish.
+    let mut b = kept.try_replay().unwrap();
+    let mut tb = task::spawn(());
+    assert_eq!(data_of(poll(&mut tb, &mut b)), "1234");
+    data(&tx, "5678901");
+    assert_eq!(data_of(poll(&mut ta, &mut a)), "5678901");
+    match poll(&mut tb, &mut b) {
+        Poll::Ready(Some(Err(e))) => assert_eq!(e.kind(), ErrorKind::NotReplayable),
+        other => panic!("expected the copy behind to fail, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_whole_copy_once_the_body_ended_or_when_no_other_copy_reads() {
+    // Ended within the cap: everything is recorded.
+    let (tx, inner) = channel();
+    let kept = ReplayBody::with_max_bytes(inner, 10);
+    let a = kept.try_replay().unwrap();
+    data(&tx, "1234");
+    drop(tx);
+    let a_frames = frames(a).await.unwrap();
+    let b = kept.try_replay_whole().expect("ended within the cap");
+    assert_eq!(frames(b).await.unwrap(), a_frames);
+
+    // Mid-stream, but the copy that read is gone: the new copy reads the
+    // rest itself, and a reader streams on even past the cap.
+    let (tx, inner) = channel();
+    let kept = ReplayBody::with_max_bytes(inner, 10);
+    let mut a = kept.try_replay().unwrap();
+    let mut ta = task::spawn(());
+    data(&tx, "1234");
+    assert_eq!(data_of(poll(&mut ta, &mut a)), "1234");
+    drop(a);
+    let b = kept.try_replay_whole().expect("no other copy reads");
+    data(&tx, "5678901");
+    data(&tx, "more");
+    drop(tx);
+    let got = frames(b).await.unwrap();
+    assert_eq!(got.chunks, chunks(&["1234", "5678901", "more"]));
+    // Past the cap now: no third attempt.
+    assert!(kept.try_replay_whole().is_none());
+    assert!(kept.try_replay().is_none());
+}
+
+#[tokio::test]
+async fn a_whole_copy_while_another_reads_when_the_rest_is_known_to_fit() {
+    let (tx, inner) = channel_with_len(8);
+    let kept = ReplayBody::with_max_bytes(inner, 10);
+    let mut a = kept.try_replay().unwrap();
+    let mut ta = task::spawn(());
+    data(&tx, "1234");
+    assert_eq!(data_of(poll(&mut ta, &mut a)), "1234");
+    let b = kept
+        .try_replay_whole()
+        .expect("4 + 4 announced bytes fit in 10");
+    data(&tx, "5678");
+    assert_eq!(data_of(poll(&mut ta, &mut a)), "5678");
+    drop(tx);
+    assert_eq!(frames(b).await.unwrap().chunks, chunks(&["1234", "5678"]));
+
+    // 10 read + 10 still announced = 20, under a cap of 30: fits too.
+    let (tx, inner) = channel_with_len(20);
+    let kept = ReplayBody::with_max_bytes(inner, 30);
+    let mut a = kept.try_replay().unwrap();
+    let mut ta = task::spawn(());
+    data(&tx, "1234567890");
+    assert_eq!(data_of(poll(&mut ta, &mut a)), "1234567890");
+    assert!(kept.try_replay_whole().is_some());
+}
+
+#[tokio::test]
+async fn in_memory_bodies_are_always_whole() {
+    let full = Full::new(Bytes::from_static(b"abc"));
+    assert!(full.try_replay_whole().is_some());
+    assert!(Empty::<Bytes>::new().try_replay_whole().is_some());
+}
+
+// ===== the retry loop with a body still streaming (issue 10) =====
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Rest {
+    /// The rest arrives during the backoff delay, within the cap.
+    EndsInTime,
+    /// The rest arrives during the delay and passes the cap.
+    PassesTheCap,
+    /// The rest arrives long after the delay.
+    Late,
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_waits_out_its_delay_for_a_body_still_streaming_then_decides() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use http::{Request, Response, StatusCode};
+    use rebound_core::{
+        Attempts, Backoff, BackoffLayer, ClassifyLayer, HttpClassifier, Jitter, RetryLayer,
+        RetryPolicy, RetryStop,
+    };
+    use tower::{service_fn, ServiceBuilder, ServiceExt};
+
+    for rest in [Rest::EndsInTime, Rest::PassesTheCap, Rest::Late] {
+        let (tx, inner) = channel();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let retried_body: Arc<Mutex<Option<Bytes>>> = Arc::default();
+        let svc = {
+            let calls = calls.clone();
+            let retried_body = retried_body.clone();
+            service_fn(move |req: Request<ReplayBody<ChannelBody>>| {
+                let n = calls.fetch_add(1, Ordering::SeqCst);
+                let retried_body = retried_body.clone();
+                async move {
+                    let mut body = req.into_body();
+                    let status = if n == 0 {
+                        // Answer 503 after the first chunk; the transport
+                        // goes on sending the rest, in the background.
+                        let _ = body.frame().await;
+                        tokio::spawn(async move { while let Some(Ok(_)) = body.frame().await {} });
+                        StatusCode::SERVICE_UNAVAILABLE
+                    } else {
+                        let all = body.collect().await.map(|c| c.to_bytes());
+                        *retried_body.lock().unwrap() = all.ok();
+                        StatusCode::CREATED
+                    };
+                    let mut res = Response::new(Empty::<Bytes>::new());
+                    *res.status_mut() = status;
+                    Ok::<_, std::convert::Infallible>(res)
+                }
+            })
+        };
+        let backoff = Backoff::exponential(Duration::from_millis(100), Duration::from_millis(100))
+            .jitter(Jitter::Proportional(0.0));
+        let stack = ServiceBuilder::new()
+            .layer(RetryLayer::new(RetryPolicy::default().max_attempts(3)))
+            .layer(BackoffLayer::new(backoff))
+            .layer(ClassifyLayer::new(HttpClassifier::default()))
+            .service(svc);
+
+        data(&tx, "1234");
+        tokio::spawn(async move {
+            let (after, more) = match rest {
+                Rest::EndsInTime => (50, "5678"),
+                Rest::PassesTheCap => (50, "567890123"),
+                Rest::Late => (500, "5678"),
+            };
+            tokio::time::sleep(Duration::from_millis(after)).await;
+            let _ = tx.send(Ok(Frame::data(Bytes::from_static(more.as_bytes()))));
+        });
+        let req = Request::post("http://api.example/v1/upload")
+            .header("idempotency-key", "k-1")
+            .body(ReplayBody::with_max_bytes(inner, 10))
+            .unwrap();
+        let res = stack.oneshot(req).await.unwrap();
+        match rest {
+            Rest::EndsInTime => {
+                assert_eq!(res.status(), StatusCode::CREATED, "{rest:?}");
+                assert_eq!(Attempts::of(res.extensions()), 2);
+                assert_eq!(
+                    retried_body.lock().unwrap().as_deref(),
+                    Some(&b"12345678"[..]),
+                    "the retry sent the whole body"
+                );
+            }
+            Rest::PassesTheCap | Rest::Late => {
+                assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE, "{rest:?}");
+                assert_eq!(
+                    res.extensions().get::<RetryStop>(),
+                    Some(&RetryStop::NotReplayable),
+                    "{rest:?}"
+                );
+                assert_eq!(
+                    calls.load(Ordering::SeqCst),
+                    1,
+                    "{rest:?}: no retry started"
+                );
+            }
+        }
+    }
+}

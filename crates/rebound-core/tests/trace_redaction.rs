@@ -167,3 +167,65 @@ async fn debug_of_the_request_below_the_trace_layer_hides_deny_listed_headers() 
     assert!(shown.contains("application/json"), "{shown}");
     assert!(res.status().is_success());
 }
+
+// ===== path redaction (issue 10, item 6) =====
+
+#[tokio::test(start_paused = true)]
+async fn a_path_redaction_reaches_spans_events_and_errors_named_deep_in_the_stack() {
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use http_body_util::Full;
+    use rebound_core::redact::PathRedaction;
+    use rebound_core::{
+        AttemptTimeoutLayer, ClassifyLayer, HttpClassifier, RetryLayer, RetryPolicy,
+    };
+    use rebound_test::mock::MockService;
+
+    const KEY: &str = "sk-PATHSECRET";
+    for (redaction, shown) in [
+        (
+            PathRedaction::templates(["/v1/keys/{key}"]),
+            "/v1/keys/{key}",
+        ),
+        (PathRedaction::hidden(), "/{redacted}"),
+    ] {
+        let trace = TraceLayer::builder()
+            .path_redaction(redaction)
+            .build()
+            .unwrap();
+        // Never answers: every attempt times out, the error is named by the
+        // attempt timeout with the raw path, well below the trace layers.
+        let mock = MockService::new().hang().hang().hang().hang();
+        let svc = tower::ServiceBuilder::new()
+            .layer(trace.clone())
+            .layer(RetryLayer::new(RetryPolicy::default().max_attempts(2)))
+            .layer(trace.attempt_layer())
+            .layer(ClassifyLayer::new(HttpClassifier::default()))
+            .layer(AttemptTimeoutLayer::new(Duration::from_secs(1)).unwrap())
+            .service(mock.clone());
+        let req = Request::get(format!("https://api.example.com/v1/keys/{KEY}"))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        for level in [Level::TRACE, Level::INFO] {
+            let capture = Capture::new();
+            let err = {
+                let _guard = capture.set_default_at(level);
+                let req = Request::get(req.uri().clone())
+                    .body(Full::new(Bytes::new()))
+                    .unwrap();
+                svc.clone().oneshot(req).await.unwrap_err()
+            };
+            let text = error_text(&err);
+            assert!(!text.contains(KEY), "{text}");
+            assert!(
+                err.to_string()
+                    .contains(&format!("https://api.example.com{shown}")),
+                "{err}"
+            );
+            assert_eq!(capture.count(KEY), 0, "{}", capture.text());
+            assert!(capture.count("request failed; giving up") > 0);
+        }
+        assert!(mock.call_count() >= 2);
+    }
+}

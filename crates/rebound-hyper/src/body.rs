@@ -231,6 +231,15 @@ impl ReplayableBody for Body {
             }),
         }
     }
+
+    fn try_replay_whole(&self) -> Option<Self> {
+        match &self.kind {
+            Kind::Replay(body) => body.try_replay_whole().map(|copy| Body {
+                kind: Kind::Replay(copy),
+            }),
+            _ => self.try_replay(),
+        }
+    }
 }
 
 impl From<Bytes> for Body {

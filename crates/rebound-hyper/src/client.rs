@@ -35,15 +35,16 @@
 //!
 //! | layer | what it does here | turn off / tune |
 //! |---|---|---|
-//! | [`TraceLayer`] | one span per logical request, redaction | [`trace`](ClientBuilder::trace) |
+//! | [`TraceLayer`] | one span per logical request, redaction | [`trace`](ClientBuilder::trace), [`path_redaction`](ClientBuilder::path_redaction) |
 //! | [`CancelLayer`] | a [`Cancel`](rebound_core::Cancel) token on the request ends it at once | always on (free without a token) |
 //! | [`DeadlineLayer`] | the total budget, also over the response body | [`total_timeout`](ClientBuilder::total_timeout) |
+//! | [`RetryAfterGateLayer`] (holding) | new requests to a host whose gate is closed wait here, holding no permit | [`retry_after_gate`](ClientBuilder::retry_after_gate) |
 //! | [`ConcurrencyLimitLayer`] | logical requests in flight, held until the body ends | [`concurrency_limit`](ClientBuilder::concurrency_limit) |
 //! | [`IdempotencyKeyLayer`] | POST/PATCH get an `Idempotency-Key` once | [`idempotency_keys`](ClientBuilder::idempotency_keys) |
 //! | [`RetryLayer`] | the only loop; budget shared by all clones | [`max_attempts`](ClientBuilder::max_attempts), [`retry_budget`](ClientBuilder::retry_budget) |
 //! | [`AttemptTraceLayer`](rebound_core::trace::AttemptTraceLayer) | one child span per attempt | with `trace` |
 //! | [`BackoffLayer`] | proposes the delay; Retry-After wins | [`backoff`](ClientBuilder::backoff) |
-//! | [`RetryAfterGateLayer`] | holds new requests to a host that asked for a pause | [`retry_after_gate`](ClientBuilder::retry_after_gate) (wait or fail fast) |
+//! | [`RetryAfterGateLayer`] (closing) | closes a host's gate on a 429 with Retry-After; holds retries | [`retry_after_gate`](ClientBuilder::retry_after_gate) (wait, fail fast, off), [`retry_after_gate_on_503`](ClientBuilder::retry_after_gate_on_503) |
 //! | [`AdaptiveLimitLayer`] | attempts in flight; shrinks on 429/503/timeouts | [`adaptive_limit`](ClientBuilder::adaptive_limit) |
 //! | [`RetryAfterLayer`] | parses Retry-After / pushback into a hint | [`retry_after_cap`](ClientBuilder::retry_after_cap) |
 //! | [`ClassifyLayer`] | each attempt's [`Verdict`](rebound_core::Verdict) | [`classifier`](ClientBuilder::classifier) |
@@ -51,8 +52,32 @@
 //! | [`HyperTransport`] | connect and TLS timeouts, body idle / rate timeouts, HTTP/2 keep-alive PING; retires an HTTP/2 connection whose attempt timed out | [`connect_timeout`](ClientBuilder::connect_timeout), [`http2_keep_alive_interval`](ClientBuilder::http2_keep_alive_interval), ... |
 //!
 //! A layer that is "off" stays in the stack configured as a pass-through
-//! (a limit no one reaches, an empty method set), so the client has one
-//! shape whatever its configuration.
+//! (a limit no one reaches, an empty method set, a gate in
+//! [`GateMode::Off`] that costs one branch), so the client has one shape
+//! whatever its configuration.
+//!
+//! # Faults stay with their host
+//!
+//! A request that waits for one host holds nothing that requests to other
+//! hosts need (DESIGN.md §10): the Retry-After gate appears twice over one
+//! [`GateTable`]. The lower gate, below the retry loop, closes a host's gate
+//! when an attempt's response asks for a pause, and holds that request's
+//! retries. The upper gate, **above the concurrency limit**, holds new
+//! requests to a closed host before they take a concurrency permit, so a
+//! throttled host cannot use up the permits and stall other hosts. The
+//! permit itself is still held by one logical request across its attempts
+//! and backoff sleeps, and until its response body ends.
+//!
+//! A request that passed the holding gate while it was open, then queued
+//! for a permit while the gate closed, meets the closed gate below: the
+//! concurrency limit lends such a (queued) request's permit as a
+//! [`PermitLease`](rebound_core::annotations::PermitLease), and the gate
+//! gives it back while the request waits and takes it again (FIFO,
+//! bounded by the deadline) when the gate opens. What still holds a
+//! permit: a request's own backoff sleep, e.g. the retry of the request
+//! that got the 429 sleeping its Retry-After (that request is in flight,
+//! by design). The adaptive limit is one per client, not per host, so its
+//! waits are not per-host waits.
 //!
 //! # Request bodies and JSON
 //!
@@ -95,6 +120,7 @@ use rebound_core::idempotency::IdempotencyKeyLayer;
 use rebound_core::limit::{
     AdaptiveLimitLayer, AdaptiveLimiter, Aimd, ConcurrencyLimitLayer, ConcurrencyLimiter, LimitBody,
 };
+use rebound_core::redact::PathRedaction;
 use rebound_core::retry::{RetryBudget, RetryLayer, RetryPolicy};
 use rebound_core::retry_after::{OverCap, RetryAfterLayer};
 use rebound_core::trace::{TraceBody, TraceLayer};
@@ -133,6 +159,17 @@ pub const DEFAULT_MAX_RESPONSE_BODY: usize = 10 * 1024 * 1024;
 /// Default upper bound of the [adaptive limit](ClientBuilder::adaptive_limit):
 /// 256 attempts in flight.
 pub const DEFAULT_ADAPTIVE_MAX: usize = 256;
+
+/// The client's default [adaptive limit](ClientBuilder::adaptive_limit)
+/// settings: min 1, initial and max [`DEFAULT_ADAPTIVE_MAX`], the default
+/// backoff ratio. Useful to build a shared
+/// [`AdaptiveLimiter`] that behaves as the default one.
+pub fn default_adaptive_limit() -> Aimd {
+    Aimd::default()
+        .min_limit(1)
+        .initial_limit(DEFAULT_ADAPTIVE_MAX)
+        .max_limit(DEFAULT_ADAPTIVE_MAX)
+}
 
 /// The body of a response from [`Client`]: the transport's body (idle and
 /// minimum-rate timeouts), holding its concurrency permit until it ends or
@@ -242,8 +279,14 @@ type CollectingAttemptStack = SharedStack<Response<CollectedBody>>;
 /// [`build`](Self::build).
 #[derive(Debug, Clone)]
 pub struct ClientBuilder {
-    total: Duration,
-    attempt: Duration,
+    /// `None`: not set by the user (see [`Timeouts`]).
+    total: Option<Duration>,
+    /// `None`: not set by the user.
+    attempt: Option<Duration>,
+    /// The connect and TLS timeouts the user set, if any; the transport
+    /// builder holds them too, these say that they were set.
+    connect: Option<Duration>,
+    tls: Option<Duration>,
     body_idle: Option<Duration>,
     transport: TransportBuilder,
     max_attempts: u32,
@@ -260,18 +303,22 @@ pub struct ClientBuilder {
     adaptive: Option<Aimd>,
     adaptive_shared: Option<Arc<AdaptiveLimiter>>,
     gate: GateMode,
+    gate_503: bool,
     gate_table: Option<Arc<GateTable>>,
     idempotency: bool,
     replay_cap: usize,
     max_response_body: usize,
     trace: TraceLayer,
+    path_redaction: Option<PathRedaction>,
 }
 
 impl Default for ClientBuilder {
     fn default() -> Self {
         ClientBuilder {
-            total: DEFAULT_TOTAL_TIMEOUT,
-            attempt: DEFAULT_ATTEMPT_TIMEOUT,
+            total: None,
+            attempt: None,
+            connect: None,
+            tls: None,
             body_idle: Some(DEFAULT_BODY_IDLE_TIMEOUT),
             transport: TransportBuilder::new(),
             max_attempts: DEFAULT_MAX_ATTEMPTS,
@@ -285,19 +332,16 @@ impl Default for ClientBuilder {
             propagate: None,
             concurrency: None,
             concurrency_shared: None,
-            adaptive: Some(
-                Aimd::default()
-                    .min_limit(1)
-                    .initial_limit(DEFAULT_ADAPTIVE_MAX)
-                    .max_limit(DEFAULT_ADAPTIVE_MAX),
-            ),
+            adaptive: Some(default_adaptive_limit()),
             adaptive_shared: None,
             gate: GateMode::Wait,
+            gate_503: false,
             gate_table: None,
             idempotency: true,
             replay_cap: DEFAULT_REPLAY_BUFFER_CAP,
             max_response_body: DEFAULT_MAX_RESPONSE_BODY,
             trace: TraceLayer::new(),
+            path_redaction: None,
         }
     }
 }
@@ -310,30 +354,40 @@ impl ClientBuilder {
 
     /// The total budget of a logical request: waiting for a permit, every
     /// attempt, every wait between attempts and reading the response body.
-    /// Default: 30 s.
+    ///
+    /// Default: 30 s, or longer if an [attempt
+    /// timeout](Self::attempt_timeout) or a [backoff](Self::backoff) cap you
+    /// set is longer (then the longest of them). The defaults of the other
+    /// timeouts shrink to fit a total you set; see [`build`](Self::build).
     pub fn total_timeout(mut self, d: Duration) -> Self {
-        self.total = d;
+        self.total = Some(d);
         self
     }
 
     /// The time one attempt may take until the response head arrives
     /// (connect and TLS included); never more than what is left of the
-    /// total. Must not exceed the total timeout. Default: 10 s.
+    /// total. Must not exceed a total timeout you set.
+    ///
+    /// Default: 10 s, or the total timeout if that is shorter.
     pub fn attempt_timeout(mut self, d: Duration) -> Self {
-        self.attempt = d;
+        self.attempt = Some(d);
         self
     }
 
     /// Time allowed to establish TCP (DNS and every resolved address).
-    /// Default: 3 s.
+    ///
+    /// Default: 3 s, or the attempt timeout if that is shorter.
     pub fn connect_timeout(mut self, d: Duration) -> Self {
+        self.connect = Some(d);
         self.transport = self.transport.connect_timeout(d);
         self
     }
 
-    /// Time allowed for the TLS handshake, from TCP-established. Default:
-    /// 5 s.
+    /// Time allowed for the TLS handshake, from TCP-established.
+    ///
+    /// Default: 5 s, or the attempt timeout if that is shorter.
     pub fn tls_timeout(mut self, d: Duration) -> Self {
+        self.tls = Some(d);
         self.transport = self.transport.tls_timeout(d);
         self
     }
@@ -411,7 +465,8 @@ impl ClientBuilder {
     /// The retry budget shared by every clone of the client (and by any
     /// other client given the same `Arc`). Default: a new
     /// [`RetryBudget::default`] per built client (20 % of requests over
-    /// 10 s, at least 10 retries per second).
+    /// 10 s, at least 10 retries per second, in bursts of at most 10: the
+    /// floor accrues over time, see [`RetryBudget`]).
     pub fn retry_budget(mut self, budget: Arc<RetryBudget>) -> Self {
         self.budget = Some(budget);
         self
@@ -419,7 +474,7 @@ impl ClientBuilder {
 
     /// The backoff between attempts. Default: exponential from 100 ms,
     /// doubling, capped at 10 s (or the total timeout, if shorter), full
-    /// jitter. Its cap must not exceed the total timeout.
+    /// jitter. Its cap must not exceed a total timeout you set.
     pub fn backoff(mut self, backoff: Backoff) -> Self {
         self.backoff = Some(backoff);
         self
@@ -520,10 +575,12 @@ impl ClientBuilder {
     }
 
     /// The adaptive (AIMD) limit on attempts in flight, or `None` to turn it
-    /// off. Default: min 1, initial and max 256 — unlimited in practice
-    /// until the upstream answers 429/503 or times out, then it shrinks by
-    /// 0.9× per overload signal and grows back by one per window of
-    /// successes.
+    /// off. Default: [`default_adaptive_limit`]: min 1, initial and max 256
+    /// — unlimited in practice until the upstream answers 429/503 or times
+    /// out; then it shrinks by 0.9× on the first overload and, while
+    /// attempts wait, down to what the upstream is still serving, and grows
+    /// back by one per window of successes (probing faster past the last
+    /// overload point). See [`rebound_core::limit::adaptive`].
     pub fn adaptive_limit(mut self, aimd: impl Into<Option<Aimd>>) -> Self {
         self.adaptive = aimd.into();
         self.adaptive_shared = None;
@@ -537,12 +594,33 @@ impl ClientBuilder {
         self
     }
 
-    /// After a 429/503 with Retry-After, hold new requests to that host
-    /// until the time has passed ([`GateMode::Wait`], bounded by their
-    /// deadline) or fail them at once with a `throttled` error
-    /// ([`GateMode::FailFast`]). Default: `Wait`.
+    /// The Retry-After gate: after a **429** with a Retry-After, hold new
+    /// requests to that **host** (scheme, host and port; any path) until
+    /// the pause has passed ([`GateMode::Wait`], bounded by each request's
+    /// deadline), fail them at once with a `throttled` error
+    /// ([`GateMode::FailFast`]), or keep no gate at all
+    /// ([`GateMode::Off`]). The pause is the server's Retry-After, capped
+    /// at [`retry_after_cap`](Self::retry_after_cap) (60 s by default). A
+    /// **503**'s Retry-After paces only the request that received it (its
+    /// retry waits the hint), unless
+    /// [`retry_after_gate_on_503`](Self::retry_after_gate_on_503) is set.
+    /// Requests to other hosts are never held, and a request held at a
+    /// gate holds no concurrency permit (see the [module
+    /// docs](self#faults-stay-with-their-host)). With
+    /// [`retry_after_over_cap`](Self::retry_after_over_cap)`(`[`OverCap::FailFast`]`)`,
+    /// `Wait` becomes `FailFast`: a client that gives up on a pause over
+    /// the cap does not queue new requests behind it. Default: `Wait`.
     pub fn retry_after_gate(mut self, mode: GateMode) -> Self {
         self.gate = mode;
+        self
+    }
+
+    /// Whether a 503 with a Retry-After closes its host's gate, as a 429
+    /// does: every endpoint of that host is then held, not only the
+    /// request that got the 503. Default: `false` (one failing endpoint
+    /// does not hold the healthy endpoints of its host).
+    pub fn retry_after_gate_on_503(mut self, enabled: bool) -> Self {
+        self.gate_503 = enabled;
         self
     }
 
@@ -589,6 +667,19 @@ impl ClientBuilder {
         self
     }
 
+    /// How URL paths are shown in spans, events and the `Display` of every
+    /// error the client returns: as they are, hidden, by template
+    /// (`/v1/keys/{key}`) or by a closure (see [`PathRedaction`]). Replaces
+    /// the one of the [`trace`](Self::trace) configuration, whichever is set
+    /// first; it is the same setting as
+    /// [`TraceBuilder::path_redaction`](rebound_core::trace::TraceBuilder::path_redaction).
+    /// Default: the trace configuration's ([`PathRedaction::full`] unless
+    /// set there).
+    pub fn path_redaction(mut self, redaction: PathRedaction) -> Self {
+        self.path_redaction = Some(redaction);
+        self
+    }
+
     /// Build the client.
     ///
     /// # Errors
@@ -597,14 +688,71 @@ impl ClientBuilder {
     /// zero or over-a-day timeout, an attempt timeout longer than the total
     /// timeout, a backoff cap longer than the total timeout, zero attempts,
     /// a zero concurrency limit, no root certificates.
+    ///
+    /// # Defaults fit what you set
+    ///
+    /// Only values you set can contradict each other. A timeout you did not
+    /// set adapts to those you did: the attempt timeout's default (10 s)
+    /// shrinks to the total timeout, the connect (3 s) and TLS (5 s)
+    /// defaults to the attempt timeout, and the default backoff's cap (10 s)
+    /// to the total; the total's default (30 s) grows to an attempt timeout
+    /// or backoff cap you set that is longer. So
+    /// `total_timeout(Duration::from_secs(5))` alone builds (attempts of at
+    /// most 5 s), while `attempt_timeout(20 s)` with `total_timeout(10 s)`
+    /// is refused.
     pub fn build(self) -> Result<Client, Error> {
-        let transport = self
+        let transport = self.transport_builder().build()?;
+        self.assemble(transport)
+    }
+
+    /// What the timeouts resolve to, defaults fitted to what the user set
+    /// (see [`build`](Self::build)).
+    fn timeouts(&self) -> Timeouts {
+        let backoff_cap = self.backoff.as_ref().map(Backoff::cap);
+        let total = self.total.unwrap_or_else(|| {
+            DEFAULT_TOTAL_TIMEOUT
+                .max(self.attempt.unwrap_or_default())
+                .max(backoff_cap.unwrap_or_default())
+        });
+        let attempt = self
+            .attempt
+            .unwrap_or_else(|| DEFAULT_ATTEMPT_TIMEOUT.min(total));
+        let connect = self
+            .connect
+            .unwrap_or_else(|| crate::connect::DEFAULT_CONNECT_TIMEOUT.min(attempt));
+        let tls = self
+            .tls
+            .unwrap_or_else(|| crate::connect::DEFAULT_TLS_TIMEOUT.min(attempt));
+        Timeouts {
+            total,
+            attempt,
+            connect,
+            tls,
+        }
+    }
+
+    /// The transport's builder with the body idle timeout and the connect
+    /// and TLS timeouts as resolved (a default shrunk to the attempt
+    /// timeout).
+    fn transport_builder(&self) -> TransportBuilder {
+        let t = self.timeouts();
+        let mut transport = self
             .transport
             .clone()
             .body_idle_timeout(self.body_idle)
-            .http2_retire_abandoned_after(retire_after(self.attempt))
-            .build()?;
-        self.assemble(transport)
+            .http2_retire_abandoned_after(retire_after(t.attempt));
+        // A zero here comes from a zero attempt timeout, which `assemble`
+        // refuses by its own name: leave the transport's default.
+        if self.connect.is_none()
+            && !t.connect.is_zero()
+            && t.connect < crate::connect::DEFAULT_CONNECT_TIMEOUT
+        {
+            transport = transport.connect_timeout(t.connect);
+        }
+        if self.tls.is_none() && !t.tls.is_zero() && t.tls < crate::connect::DEFAULT_TLS_TIMEOUT {
+            transport = transport.tls_timeout(t.tls);
+        }
+        transport
     }
 
     /// Build the client over the TCP connector `tcp` instead of hyper-util's
@@ -628,12 +776,7 @@ impl ClientBuilder {
         C::Error: Into<rebound_core::BoxError>,
         Connector<C>: Connect + Clone + Send + Sync + 'static,
     {
-        let transport = self
-            .transport
-            .clone()
-            .body_idle_timeout(self.body_idle)
-            .http2_retire_abandoned_after(retire_after(self.attempt))
-            .build_with_tcp(tcp)?;
+        let transport = self.transport_builder().build_with_tcp(tcp)?;
         self.assemble(transport)
     }
 
@@ -642,23 +785,28 @@ impl ClientBuilder {
         C: Clone + Send + Sync + 'static,
         Connector<C>: Connect + Clone + Send + Sync + 'static,
     {
-        let deadline = DeadlineLayer::new(self.total)?;
-        let attempt = AttemptTimeoutLayer::new(self.attempt)?;
-        attempt.check_within(self.total)?;
+        let timeouts = self.timeouts();
+        let total = timeouts.total;
+        let deadline = DeadlineLayer::new(total)?;
+        let attempt = AttemptTimeoutLayer::new(timeouts.attempt)?;
+        // Only user-set values can fail this: a default attempt timeout has
+        // already shrunk to the total, and a default total grown to the
+        // attempt timeout.
+        attempt.check_within(total)?;
 
         // The default backoff fits any total: its cap shrinks to the total
         // (a caller's own backoff is checked instead, and refused if its cap
-        // is longer).
+        // is longer than a total the caller set).
         let backoff = self.backoff.unwrap_or_else(|| {
-            let cap = DEFAULT_BACKOFF_CAP.min(self.total);
+            let cap = DEFAULT_BACKOFF_CAP.min(total);
             Backoff::exponential(DEFAULT_BACKOFF_BASE.min(cap), cap)
         });
         backoff.validate()?;
-        if backoff.cap() > self.total {
+        if backoff.cap() > total {
             return Err(Error::config(format!(
                 "backoff cap ({:?}) is longer than the total timeout ({:?}): no retry could wait that long",
                 backoff.cap(),
-                self.total
+                total
             )));
         }
 
@@ -692,13 +840,23 @@ impl ClientBuilder {
                     .max_limit(Semaphore::MAX_PERMITS),
             )?,
         };
+        // Two gates over one table (see "Faults stay with their host"): the
+        // lower one closes gates and holds retries, the upper one holds new
+        // requests before they take a concurrency permit.
         let gate = {
             let layer = match self.gate_table {
                 Some(table) => RetryAfterGateLayer::shared(table),
                 None => RetryAfterGateLayer::new(),
             };
-            layer.mode(self.gate)
+            // A client that gives up on a Retry-After over the cap does not
+            // queue new requests behind that pause either.
+            let mode = match (self.retry_after_over_cap, self.gate) {
+                (OverCap::FailFast, GateMode::Wait) => GateMode::FailFast,
+                (_, mode) => mode,
+            };
+            layer.mode(mode).close_on_503(self.gate_503)
         };
+        let hold = gate.clone().closes_gates(false);
         let idempotency = if self.idempotency {
             IdempotencyKeyLayer::new()
         } else {
@@ -707,20 +865,24 @@ impl ClientBuilder {
 
         let backoff = BackoffLayer::try_new(backoff)?;
         let classify = ClassifyLayer::new(self.classifier);
+        let trace = match self.path_redaction {
+            Some(path) => self.trace.with_path_redaction(path),
+            None => self.trace,
+        };
 
         // gRPC's two layers only when configured: a plain HTTP request
         // then pays nothing for them (not even a header look-up).
         let mark = option_layer(self.grpc_methods.map(MarkRetryableLayer::new));
         let propagate = option_layer(self.propagate);
 
-        let attempts = AttemptStack::new(self.trace.attempt_layer().layer(propagate.layer(
+        let attempts = AttemptStack::new(trace.attempt_layer().layer(propagate.layer(
             backoff.layer(gate.layer(
                 adaptive.layer(retry_after.layer(classify.layer(attempt.layer(transport.clone())))),
             )),
         )));
-        let stack = self.trace.layer(CancelLayer::new().layer(
-            deadline.layer(concurrency.layer(idempotency.layer(mark.layer(retry.layer(attempts))))),
-        ));
+        let stack = trace.layer(CancelLayer::new().layer(deadline.layer(
+            hold.layer(concurrency.layer(idempotency.layer(mark.layer(retry.layer(attempts))))),
+        )));
 
         // The JSON helpers' stack: the very same layer values (their state is
         // behind `Arc`s, so both stacks share the pool, budget, limiters and
@@ -731,18 +893,19 @@ impl ClientBuilder {
                 .layer(attempt.layer(transport)),
         );
         let collecting_attempts =
-            CollectingAttemptStack::new(self.trace.attempt_layer().layer(propagate.layer(
+            CollectingAttemptStack::new(trace.attempt_layer().layer(propagate.layer(
                 backoff.layer(
                     gate.layer(adaptive.layer(retry_after.layer(classify.layer(collected)))),
                 ),
             )));
-        let collecting = self.trace.layer(CancelLayer::new().layer(deadline.layer(
+        let collecting = trace.layer(CancelLayer::new().layer(deadline.layer(hold.layer(
             concurrency.layer(idempotency.layer(mark.layer(retry.layer(collecting_attempts)))),
-        )));
+        ))));
         Ok(Client {
             inner: Stack::new(stack),
             collecting: CollectingStack::new(collecting),
             replay_cap: self.replay_cap,
+            path: trace.path_redaction().clone(),
         })
     }
 }
@@ -754,6 +917,16 @@ impl ClientBuilder {
 /// [`TransportBuilder::http2_retire_abandoned_after`]).
 fn retire_after(attempt: Duration) -> Duration {
     attempt - attempt / 8
+}
+
+/// The timeouts of a [`ClientBuilder`], defaults fitted to what the user
+/// set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Timeouts {
+    total: Duration,
+    attempt: Duration,
+    connect: Duration,
+    tls: Duration,
 }
 
 // ===== impl Client =====
@@ -769,6 +942,9 @@ pub struct Client {
     inner: Stack,
     pub(crate) collecting: CollectingStack,
     pub(crate) replay_cap: usize,
+    /// For errors made outside the stack (the JSON helpers'), shown like
+    /// those from inside it.
+    pub(crate) path: PathRedaction,
 }
 
 impl fmt::Debug for Client {
@@ -854,5 +1030,110 @@ where
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let req = self.arm(req);
         self.inner.call(req)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secs(n: u64) -> Duration {
+        Duration::from_secs(n)
+    }
+
+    #[test]
+    fn defaults_are_the_documented_ones() {
+        assert_eq!(
+            ClientBuilder::new().timeouts(),
+            Timeouts {
+                total: DEFAULT_TOTAL_TIMEOUT,
+                attempt: DEFAULT_ATTEMPT_TIMEOUT,
+                connect: crate::connect::DEFAULT_CONNECT_TIMEOUT,
+                tls: crate::connect::DEFAULT_TLS_TIMEOUT,
+            }
+        );
+    }
+
+    #[test]
+    fn defaults_shrink_to_a_total_the_user_set() {
+        let t = ClientBuilder::new().total_timeout(secs(5)).timeouts();
+        assert_eq!(t.total, secs(5));
+        assert!(t.attempt <= secs(5), "{t:?}");
+        assert!(t.connect <= t.attempt && t.tls <= t.attempt, "{t:?}");
+        assert_eq!(t.tls, secs(5));
+
+        let t = ClientBuilder::new()
+            .total_timeout(Duration::from_millis(1500))
+            .timeouts();
+        assert_eq!(t.attempt, Duration::from_millis(1500));
+        assert_eq!(t.connect, Duration::from_millis(1500));
+        assert_eq!(t.tls, Duration::from_millis(1500));
+
+        // An attempt timeout the user set: connect and TLS defaults fit it.
+        let t = ClientBuilder::new().attempt_timeout(secs(2)).timeouts();
+        assert_eq!((t.connect, t.tls), (secs(2), secs(2)));
+        assert_eq!(t.total, DEFAULT_TOTAL_TIMEOUT);
+    }
+
+    #[test]
+    fn user_values_are_kept_and_the_default_total_grows_to_fit_them() {
+        let t = ClientBuilder::new()
+            .attempt_timeout(secs(40))
+            .connect_timeout(secs(7))
+            .timeouts();
+        assert_eq!(
+            (t.total, t.attempt, t.connect),
+            (secs(40), secs(40), secs(7))
+        );
+        let t = ClientBuilder::new()
+            .backoff(Backoff::exponential(Duration::from_millis(100), secs(45)))
+            .timeouts();
+        assert_eq!(t.total, secs(45));
+        // A connect timeout the user set is not shrunk.
+        let t = ClientBuilder::new()
+            .total_timeout(secs(1))
+            .connect_timeout(secs(2))
+            .timeouts();
+        assert_eq!(t.connect, secs(2));
+    }
+
+    #[test]
+    fn total_alone_builds_and_only_user_values_contradict() {
+        assert!(Client::builder().total_timeout(secs(5)).build().is_ok());
+        assert!(Client::builder()
+            .total_timeout(Duration::from_millis(200))
+            .build()
+            .is_ok());
+        assert!(Client::builder().attempt_timeout(secs(40)).build().is_ok());
+
+        let err = Client::builder()
+            .attempt_timeout(secs(20))
+            .total_timeout(secs(10))
+            .build()
+            .unwrap_err();
+        assert!(err.is_config());
+        assert!(
+            err.to_string()
+                .contains("attempt timeout (20s) is longer than the total timeout (10s)"),
+            "{err}"
+        );
+        let err = Client::builder()
+            .backoff(Backoff::exponential(Duration::from_millis(100), secs(20)))
+            .total_timeout(secs(10))
+            .build()
+            .unwrap_err();
+        assert!(err.to_string().contains("backoff cap"), "{err}");
+
+        // Zero is refused by its own name, not as a connect timeout.
+        let err = Client::builder()
+            .attempt_timeout(Duration::ZERO)
+            .build()
+            .unwrap_err();
+        assert!(err.to_string().contains("attempt timeout"), "{err}");
+        let err = Client::builder()
+            .total_timeout(Duration::ZERO)
+            .build()
+            .unwrap_err();
+        assert!(err.to_string().contains("total timeout"), "{err}");
     }
 }

@@ -89,6 +89,7 @@ use bytes::Bytes;
 use http::header::{HeaderValue, ACCEPT, CONTENT_TYPE};
 use http::{Method, Request, StatusCode, Uri};
 use http_body_util::BodyExt;
+use rebound_core::redact::PathRedaction;
 use rebound_core::{Attempts, BoxError, Error, ErrorKind, RetryStop, Sent};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -116,7 +117,8 @@ impl Client {
             req
         });
         let stack = self.collecting.clone();
-        async move { run(stack, req?).await }
+        let path = self.path.clone();
+        async move { run(stack, req?, path).await }
     }
 
     /// `POST uri` with `body` encoded as JSON (`Content-Type` and `Accept:
@@ -140,6 +142,7 @@ impl Client {
                     .with_detail("request body cannot be encoded as JSON")
                     .with_source(JsonError::from_serde(&e))
                     .with_request(&Method::POST, &uri);
+                err.redact_path(&self.path);
                 err.extensions_mut().insert(Sent::NotSent);
                 err
             })?;
@@ -150,7 +153,8 @@ impl Client {
             Ok(req)
         });
         let stack = self.collecting.clone();
-        async move { run(stack, req?).await }
+        let path = self.path.clone();
+        async move { run(stack, req?, path).await }
     }
 
     /// Send `req` with the response body read inside the attempt and decoded
@@ -173,7 +177,8 @@ impl Client {
             req.headers_mut().insert(CONTENT_TYPE, APPLICATION_JSON);
         }
         let stack = self.collecting.clone();
-        async move { run(stack, req).await }
+        let path = self.path.clone();
+        async move { run(stack, req, path).await }
     }
 }
 
@@ -181,6 +186,7 @@ impl Client {
 async fn run<T: DeserializeOwned>(
     stack: CollectingStack,
     mut req: Request<Body>,
+    path: PathRedaction,
 ) -> Result<T, Error> {
     if !req.headers().contains_key(ACCEPT) {
         req.headers_mut().insert(ACCEPT, APPLICATION_JSON);
@@ -196,7 +202,9 @@ async fn run<T: DeserializeOwned>(
         if let Some(stop) = parts.extensions.get::<RetryStop>() {
             err.extensions_mut().insert(*stop);
         }
-        err.with_request(&method, &uri)
+        let mut err = err.with_request(&method, &uri);
+        err.redact_path(&path);
+        err
     };
     if !parts.status.is_success() {
         return Err(annotate(Error::new(ErrorKind::Status).with_source(

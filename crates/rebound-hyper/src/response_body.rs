@@ -69,19 +69,8 @@ use tokio::time::{Instant, Sleep};
 
 use crate::error::{from_body, RequestName};
 
-pub(crate) const MAX_DURATION: Duration = Duration::from_secs(24 * 60 * 60);
-
-pub(crate) fn validate(what: &str, d: Duration) -> Result<Duration, Error> {
-    if d.is_zero() {
-        return Err(Error::config(format!("{what} must be greater than zero")));
-    }
-    if d > MAX_DURATION {
-        return Err(Error::config(format!(
-            "{what} of {d:?} is longer than the maximum of {MAX_DURATION:?}"
-        )));
-    }
-    Ok(d)
-}
+pub(crate) use rebound_core::config::validate_duration as validate;
+use rebound_core::config::MAX_DURATION;
 
 // ===== impl MinBodyRate =====
 

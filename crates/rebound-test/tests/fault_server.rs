@@ -820,3 +820,61 @@ async fn serve_then_silent_answers_n_requests_then_nothing() {
     assert!(String::from_utf8_lossy(&raw).starts_with("HTTP/1.1 200"));
     assert_eq!(server.connections(), 2);
 }
+
+#[tokio::test]
+async fn after_body_bytes_answers_early_then_reads_and_records_the_whole_body() {
+    let server = FaultServer::builder()
+        .route(
+            "/upload",
+            [Action::status(503).body("busy").after_body_bytes(4096)],
+        )
+        .start()
+        .await;
+    for chunked in [false, true] {
+        let mut conn = TcpStream::connect(server.addr()).await.unwrap();
+        let body: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+        let framing = if chunked {
+            "transfer-encoding: chunked".to_owned()
+        } else {
+            format!("content-length: {}", body.len())
+        };
+        let head = format!("POST /upload HTTP/1.1\r\nhost: test\r\n{framing}\r\n\r\n");
+        conn.write_all(head.as_bytes()).await.unwrap();
+        let send = |part: &[u8]| {
+            if chunked {
+                let mut out = format!("{:x}\r\n", part.len()).into_bytes();
+                out.extend_from_slice(part);
+                out.extend_from_slice(b"\r\n");
+                out
+            } else {
+                part.to_vec()
+            }
+        };
+        conn.write_all(&send(&body[..5000])).await.unwrap();
+        // The answer comes before the rest of the body is sent.
+        let expected = "HTTP/1.1 503 Service Unavailable\r\n";
+        let raw = read_n(&mut conn, expected.len(), SOON).await;
+        assert!(raw.starts_with(expected.as_bytes()), "{raw:?}");
+        let before = server.request_count();
+        conn.write_all(&send(&body[5000..])).await.unwrap();
+        if chunked {
+            conn.write_all(b"0\r\n\r\n").await.unwrap();
+        }
+        server
+            .wait_for_requests(before + 1, SOON)
+            .await
+            .expect("recorded once the body is whole");
+        let last = server.requests().pop().unwrap();
+        assert_eq!(last.body.len(), body.len(), "chunked: {chunked}");
+        assert!(last.body[..] == body[..]);
+        // The connection is still good for the next request.
+        conn.write_all(get("/next").as_bytes()).await.unwrap();
+        server.wait_for_requests(before + 2, SOON).await.unwrap();
+        // The queue is used up: the next upload is read whole first.
+        server.route(
+            "/upload",
+            [Action::status(503).body("busy").after_body_bytes(4096)],
+        );
+    }
+    assert_eq!(server.requests_started(), server.request_count());
+}

@@ -7,7 +7,7 @@
 //!   response body ends or is dropped** (see [`LimitBody`]).
 //! * [`AdaptiveLimitLayer`] caps **attempts** in flight with a limit that
 //!   shrinks when the upstream says it is overloaded (429, 503, attempt
-//!   timeout) and grows back slowly while it succeeds. It sits below the
+//!   timeout) and grows back while it succeeds. It sits below the
 //!   retry layer and above the classifier.
 //!
 //! Both wait for their slot **inside the response future**, never in

@@ -56,15 +56,20 @@ pin_project! {
             #[pin]
             fut: F,
         },
-        // Waiting before the next attempt, draining the discarded response.
+        // Waiting before the next attempt, draining the discarded response
+        // (or holding it, while the request body may still end).
         Sleeping {
             #[pin]
             sleep: Sleep,
             drain: Option<Drain<ResB>>,
             until: Instant,
+            held: Option<Held<ResB>>,
         },
-        // Waiting for the inner service to be ready for the next attempt.
-        Readying,
+        // Waiting for the inner service to be ready for the next attempt
+        // (once the held retry, if any, has its body).
+        Readying {
+            held: Option<Held<ResB>>,
+        },
         Done,
     }
 }
@@ -121,7 +126,25 @@ enum Decision<ResB> {
     Retry {
         until: Instant,
         drain: Option<Drain<ResB>>,
+        held: Option<Held<ResB>>,
     },
+}
+
+/// What the next attempt's request is made from.
+struct Plan {
+    /// The attempt that just failed.
+    n: u32,
+    verdict: Verdict,
+    hint: Option<Duration>,
+    proposed: ProposedDelay,
+    limiter: Option<LimiterState>,
+}
+
+/// A retry decided but for its body, which was still being sent: the
+/// outcome to return if the body cannot be sent whole after the wait.
+struct Held<ResB> {
+    outcome: Result<Response<ResB>, Error>,
+    plan: Plan,
 }
 
 fn budget_left(budget: &super::RetryBudget) -> u32 {
@@ -220,33 +243,39 @@ where
         if !fits {
             return Decision::Return(self.finish(outcome, Some(RetryStop::Deadline)));
         }
+        let plan = Plan {
+            n,
+            verdict: Verdict::of(ext).into_owned(),
+            hint,
+            proposed,
+            limiter: ext.get::<LimiterState>().copied(),
+        };
         // The body copy before the budget: a retry that cannot be sent (the
         // body passed its replay cap) must not cost a retry token.
         let Some(body) = self.replay_body() else {
+            if self.may_become_whole() {
+                // A streamed body still being sent by this attempt: decide
+                // after the wait, when it may have ended (or passed its
+                // cap). The outcome is kept, undrained, to be returned if
+                // the retry cannot be made then.
+                tracing::debug!(
+                    attempt = n,
+                    "retry: request body still streaming; deciding after the wait"
+                );
+                return Decision::Retry {
+                    until: until.unwrap_or(now),
+                    drain: None,
+                    held: Some(Held { outcome, plan }),
+                };
+            }
             ext.insert(Verdict::Fatal {
                 reason: Reason::new_static("body not replayable"),
             });
             return Decision::Return(self.finish(outcome, Some(RetryStop::NotReplayable)));
         };
-        if !self.policy.budget.try_withdraw() {
-            return Decision::Return(self.finish(outcome, Some(RetryStop::Budget)));
+        if let Err(stop) = self.plan(plan, body) {
+            return Decision::Return(self.finish(outcome, Some(stop)));
         }
-        let verdict = Verdict::of(ext).into_owned();
-        let limiter = ext.get::<LimiterState>().copied();
-        let Some(next) = self.next_request(n, verdict.clone(), hint, proposed, limiter, body)
-        else {
-            // Unreachable: `replay_body` answered, so there is a template.
-            return Decision::Return(self.finish(outcome, Some(RetryStop::NotReplayable)));
-        };
-        tracing::debug!(
-            attempt = n,
-            reason = verdict.reason().map(Reason::as_str).unwrap_or(""),
-            delay_ms = proposed.delay.as_millis() as u64,
-            source = proposed.source.as_str(),
-            "retry: will retry"
-        );
-        self.next = Some(next);
-        self.attempt = n + 1;
         let drain = match outcome {
             Ok(res) => Some(Drain {
                 body: Box::pin(res.into_body()),
@@ -257,11 +286,68 @@ where
         Decision::Retry {
             until: until.unwrap_or(now),
             drain,
+            held: None,
         }
     }
 
+    /// Withdraw a retry token and make the next attempt's request with
+    /// `body`; the reason to stop if that cannot be done.
+    fn plan(&mut self, plan: Plan, body: B) -> Result<(), RetryStop> {
+        if !self.policy.budget.try_withdraw() {
+            return Err(RetryStop::Budget);
+        }
+        let Plan {
+            n,
+            verdict,
+            hint,
+            proposed,
+            limiter,
+        } = plan;
+        tracing::debug!(
+            attempt = n,
+            reason = verdict.reason().map(Reason::as_str).unwrap_or(""),
+            delay_ms = proposed.delay.as_millis() as u64,
+            source = proposed.source.as_str(),
+            "retry: will retry"
+        );
+        // `None` is unreachable: a body copy was made, so there is a
+        // template.
+        let next = self
+            .next_request(n, verdict, hint, proposed, limiter, body)
+            .ok_or(RetryStop::NotReplayable)?;
+        self.next = Some(next);
+        self.attempt = n + 1;
+        Ok(())
+    }
+
+    /// After the wait, the retry that was waiting for its body: planned if
+    /// the body can now be sent whole, else the held outcome, returned.
+    fn resume<ResB>(&mut self, held: Held<ResB>) -> Option<Result<Response<ResB>, Error>> {
+        let Held { mut outcome, plan } = held;
+        let Some(body) = self.replay_body() else {
+            extensions_mut(&mut outcome).insert(Verdict::Fatal {
+                reason: Reason::new_static("body not replayable"),
+            });
+            return Some(self.finish(outcome, Some(RetryStop::NotReplayable)));
+        };
+        match self.plan(plan, body) {
+            Ok(()) => None,
+            Err(stop) => Some(self.finish(outcome, Some(stop))),
+        }
+    }
+
+    /// Whether the body, not whole now, may become so: it is still within
+    /// its cap (a copy can be made), only not known to finish within it.
+    fn may_become_whole(&self) -> bool {
+        self.template
+            .as_ref()
+            .is_some_and(|(_, kept)| B::may_replay(kept))
+    }
+
     /// A fresh copy of the body for the next attempt, if it can be sent
-    /// again.
+    /// again **whole**: a copy that might be cut short (a stream another
+    /// attempt still reads, past which the cap may yet pass) is not made, so
+    /// no truncated attempt is ever started.
     fn replay_body(&self) -> Option<B> {
         B::replay(&self.template.as_ref()?.1)
     }
@@ -319,7 +405,7 @@ where
         let state = match &self.state {
             State::Called { .. } => "called",
             State::Sleeping { .. } => "sleeping",
-            State::Readying => "readying",
+            State::Readying { .. } => "readying",
             State::Done => "done",
         };
         f.debug_struct("ResponseFuture")
@@ -349,7 +435,7 @@ where
                             this.state.set(State::Done);
                             return Poll::Ready(out);
                         }
-                        Decision::Retry { until, drain } => {
+                        Decision::Retry { until, drain, held } => {
                             // Wake first at the end of the drain window, if
                             // it ends before the sleep does.
                             let first = match &drain {
@@ -360,6 +446,7 @@ where
                                 sleep: sleep_until(first),
                                 drain,
                                 until,
+                                held,
                             });
                         }
                     }
@@ -368,6 +455,7 @@ where
                     mut sleep,
                     drain,
                     until,
+                    held,
                 } => {
                     if let Some(d) = drain {
                         if d.poll_done(cx) {
@@ -381,9 +469,16 @@ where
                         sleep.as_mut().reset(*until);
                         continue;
                     }
-                    this.state.set(State::Readying);
+                    let held = held.take();
+                    this.state.set(State::Readying { held });
                 }
-                StateProj::Readying => {
+                StateProj::Readying { held } => {
+                    if let Some(h) = held.take() {
+                        if let Some(out) = this.replay.resume(h) {
+                            this.state.set(State::Done);
+                            return Poll::Ready(out);
+                        }
+                    }
                     let svc = this
                         .replay
                         .service

@@ -59,7 +59,9 @@
 //!    [policy](RetryPolicy::eligible_methods) (GET, HEAD, OPTIONS, TRACE,
 //!    PUT, DELETE by default), or it carries an
 //!    [`IdempotencyKey`] annotation or an
-//!    `Idempotency-Key` header, or the verdict says
+//!    `Idempotency-Key` header that is not blank
+//!    ([`IdempotencyKey::is_blank`]: empty or only whitespace is no key),
+//!    or the verdict says
 //!    [`Sent::NotSent`](crate::Sent);
 //! 3. attempts remain ([`RetryPolicy::max_attempts`], 3 by default);
 //! 4. the next attempt can start before the request's [`Deadline`], if
@@ -79,10 +81,20 @@
 //! the delay waited), [`BudgetLeft`](crate::BudgetLeft) and the failed
 //! attempt's [`LimiterState`](crate::LimiterState) if it had one; the trace
 //! layer's INFO `retrying` event is made from them. The body of each attempt is a fresh
-//! [`ReplayableBody::try_replay`](crate::body::ReplayableBody::try_replay)
-//! copy; a body that cannot be replayed is sent once and not retried
+//! copy ([`ReplayableBody::try_replay`](crate::body::ReplayableBody::try_replay) for the first,
+//! [`ReplayableBody::try_replay_whole`](crate::body::ReplayableBody::try_replay_whole)
+//! for every retry; see [`RetryBody`](crate::body::RetryBody)); a body that cannot
+//! be replayed is sent once and not retried
 //! ([`RetryStop::NotReplayable`](crate::RetryStop::NotReplayable), verdict
-//! rewritten to `Fatal { reason: "body not replayable" }`).
+//! rewritten to `Fatal { reason: "body not replayable" }`). A retry never
+//! starts with a body copy that is not known to be sent whole: when the
+//! response came back while a streamed body of unknown length was still
+//! being sent (and could still pass its replay cap), the loop waits out the
+//! delay it would wait anyway, keeping that response (not draining it),
+//! and decides then: the body has ended within its cap (or the attempt
+//! that read it is gone), and the retry goes ahead; or not, and the caller
+//! gets the kept response, the last real outcome, with
+//! `RetryStop::NotReplayable`. See [`crate::replay`].
 //!
 //! A discarded retryable response is **drained** during the backoff sleep
 //! (at most 64 KiB, never past the sleep nor 1 s) so that its connection
@@ -272,18 +284,19 @@ where
         let mut svc = mem::replace(&mut self.inner, clone);
 
         let (parts, body) = req.into_parts();
-        // An empty key is no key (as for the idempotency-key layer): the
-        // server cannot recognise a repeat by it.
+        // A blank key (empty or only whitespace) is no key, as for the
+        // idempotency-key layer: the server trims it and cannot recognise a
+        // repeat by it. What the server sees is the header, so a blank
+        // header is no key whatever the annotation says.
         let idempotent = self.policy.is_eligible_method(&parts.method)
             || parts.extensions.get::<Idempotent>().is_some()
-            || parts
-                .extensions
-                .get::<IdempotencyKey>()
-                .is_some_and(|k| !k.0.is_empty())
-            || parts
-                .headers
-                .get(IDEMPOTENCY_KEY)
-                .is_some_and(|v| !v.is_empty());
+            || match parts.headers.get(IDEMPOTENCY_KEY) {
+                Some(v) => !IdempotencyKey::is_blank(v),
+                None => parts
+                    .extensions
+                    .get::<IdempotencyKey>()
+                    .is_some_and(|k| !IdempotencyKey::is_blank(&k.0)),
+            };
         let deadline = Deadline::of(&parts.extensions);
         let max_attempts = self.policy.max_attempts;
         let (body, template, replayable) = if max_attempts <= 1 {

@@ -33,12 +33,14 @@ fn method_bit(m: &Method) -> Option<u16> {
 /// * `max_attempts`: attempts in all, first included. Default: 3.
 /// * `budget`: the [`RetryBudget`] shared by every request through the
 ///   layer and its clones. Default: a fresh `RetryBudget::default()` (20 %
-///   over 10 s, floor 10/s), created with the policy.
+///   over 10 s, floor 10/s accruing in bursts of at most 10), created with
+///   the policy.
 /// * eligible methods: those that may be retried after the request may have
 ///   been processed. Default: GET, HEAD, OPTIONS, TRACE, PUT, DELETE (the
 ///   idempotent methods of RFC 9110). A request with an
 ///   [`IdempotencyKey`](crate::annotations::IdempotencyKey) annotation or an
-///   `Idempotency-Key` header is eligible whatever its method, and so is any
+///   `Idempotency-Key` header is eligible whatever its method (unless the
+///   key is [blank](crate::annotations::IdempotencyKey::is_blank)), and so is any
 ///   request whose verdict says [`Sent::NotSent`](crate::annotations::Sent).
 ///
 /// # Clone

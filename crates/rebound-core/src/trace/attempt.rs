@@ -163,6 +163,7 @@ where
             };
             let _entered = span.enter();
             retrying(
+                cfg,
                 attempt,
                 previous,
                 budget_left,
@@ -211,6 +212,7 @@ fn attempt_span(attempt: u32, budget_left: Option<u32>) -> Span {
 /// why the previous attempt failed, how long the retry loop waited and who
 /// chose that delay.
 fn retrying(
+    cfg: &Config,
     attempt: u32,
     previous: &PreviousAttempt,
     budget_left: Option<u32>,
@@ -219,6 +221,7 @@ fn retrying(
 ) {
     let verdict = &previous.verdict;
     let delay = previous.delay.as_ref();
+    let path = ctx.and_then(|c| cfg.shown_path(&c.uri));
     tracing::info!(
         target: TARGET,
         {
@@ -233,7 +236,7 @@ fn retrying(
         rebound.limiter = limiter.map(tracing::field::display),
         http.request.method = ctx.map(|c| c.method.as_str()),
         server.address = ctx.and_then(|c| c.uri.host()),
-        url.path = ctx.map(|c| c.uri.path()),
+        url.path = path.as_deref(),
         request_id = ctx.and_then(RequestContext::request_id),
         },
         "retrying"

@@ -8,7 +8,9 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tracing::Span;
 
-use super::config::RequestContext;
+use std::sync::Arc;
+
+use super::config::{Config, RequestContext};
 use super::TARGET;
 use crate::error::{BoxError, Error, ErrorKind};
 
@@ -35,6 +37,8 @@ pin_project! {
         inner: B,
         // `None` once a failure has been logged (or with nothing to log to).
         watch: Option<BodyWatch>,
+        // How the errors' paths are shown; kept after the watch is gone.
+        cfg: Option<Arc<Config>>,
     }
 }
 
@@ -43,11 +47,16 @@ pin_project! {
 pub(crate) struct BodyWatch {
     pub(crate) span: Span,
     pub(crate) ctx: Option<RequestContext>,
+    pub(crate) cfg: Arc<Config>,
 }
 
 impl<B> TraceBody<B> {
     pub(crate) fn new(inner: B, watch: Option<BodyWatch>) -> Self {
-        TraceBody { inner, watch }
+        TraceBody {
+            inner,
+            watch,
+            cfg: None,
+        }
     }
 
     /// The inner body.
@@ -84,9 +93,12 @@ where
             Some(Ok(frame)) => Poll::Ready(Some(Ok(frame))),
             None => Poll::Ready(None),
             Some(Err(e)) => {
-                let err = Error::from_boxed(e.into());
+                let mut err = Error::from_boxed(e.into());
                 if let Some(watch) = this.watch.take() {
-                    watch.failed(&err);
+                    watch.cfg.redact_error(&mut err);
+                    *this.cfg = Some(watch.failed(&err));
+                } else if let Some(cfg) = this.cfg {
+                    cfg.redact_error(&mut err);
                 }
                 Poll::Ready(Some(Err(err)))
             }
@@ -103,12 +115,14 @@ where
 }
 
 impl BodyWatch {
-    fn failed(self, err: &Error) {
+    /// Log the failure; the configuration is handed back for later errors.
+    fn failed(self, err: &Error) -> Arc<Config> {
         let stage = match err.kind() {
             ErrorKind::Timeout(stage) => Some(stage.as_str()),
             _ => None,
         };
         let ctx = self.ctx.as_ref();
+        let path = ctx.and_then(|c| self.cfg.shown_path(&c.uri));
         let _entered = self.span.enter();
         tracing::warn!(
             target: TARGET,
@@ -118,10 +132,13 @@ impl BodyWatch {
             error.message = %err,
             http.request.method = ctx.map(|c| c.method.as_str()),
             server.address = ctx.and_then(|c| c.uri.host()),
-            url.path = ctx.map(|c| c.uri.path()),
+            url.path = path.as_deref(),
             request_id = ctx.and_then(RequestContext::request_id),
             },
             "response body failed"
         );
+        drop(_entered);
+        drop(path);
+        self.cfg
     }
 }

@@ -1,5 +1,6 @@
 //! What the trace layers record, and the checks made when they are built.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
@@ -8,7 +9,7 @@ use http::{Method, Request, Uri};
 
 use super::{AttemptTraceLayer, TraceLayer};
 use crate::error::Error;
-use crate::redact::{self, HeaderAllowList, HeaderDenyList};
+use crate::redact::{self, HeaderAllowList, HeaderDenyList, PathRedaction};
 
 /// The longest request id recorded; a longer value is not recorded at all.
 const MAX_REQUEST_ID_LEN: usize = 128;
@@ -28,13 +29,14 @@ const RESERVED: [HeaderName; 7] = [
 ];
 
 /// Shared configuration of [`TraceLayer`] and [`AttemptTraceLayer`].
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Config {
     pub(crate) deny: HeaderDenyList,
     pub(crate) allow: HeaderAllowList,
     pub(crate) request_id: Option<HeaderName>,
     pub(crate) query_names: bool,
     pub(crate) attempt_header: Option<HeaderName>,
+    pub(crate) path: PathRedaction,
 }
 
 impl Default for Config {
@@ -45,11 +47,24 @@ impl Default for Config {
             request_id: Some(HeaderName::from_static("x-request-id")),
             query_names: false,
             attempt_header: None,
+            path: PathRedaction::full(),
         }
     }
 }
 
 impl Config {
+    /// The path of `uri` as it may be shown (`None`: not at all).
+    pub(crate) fn shown_path<'a>(&'a self, uri: &'a Uri) -> Option<Cow<'a, str>> {
+        self.path.show(uri.path())
+    }
+
+    /// Show the path of the URL `err` names as configured.
+    pub(crate) fn redact_error(&self, err: &mut Error) {
+        if !self.path.is_full() {
+            err.redact_path(&self.path);
+        }
+    }
+
     /// The request id carried in the configured header, if it is printable
     /// ASCII, not marked sensitive, and at most 128 bytes.
     pub(crate) fn request_id<'a>(&self, headers: &'a HeaderMap) -> Option<&'a str> {
@@ -116,6 +131,7 @@ pub struct TraceBuilder {
     request_id: Option<HeaderName>,
     query_names: bool,
     attempt_header: Option<HeaderName>,
+    path: PathRedaction,
 }
 
 impl fmt::Debug for TraceBuilder {
@@ -126,6 +142,7 @@ impl fmt::Debug for TraceBuilder {
             .field("request_id", &self.request_id)
             .field("query_names", &self.query_names)
             .field("attempt_header", &self.attempt_header)
+            .field("path", &self.path)
             .finish()
     }
 }
@@ -139,6 +156,7 @@ impl Default for TraceBuilder {
             request_id: cfg.request_id,
             query_names: cfg.query_names,
             attempt_header: cfg.attempt_header,
+            path: cfg.path,
         }
     }
 }
@@ -149,7 +167,9 @@ impl TraceBuilder {
     ///
     /// Default: [`HeaderDenyList::default`] (`Authorization`,
     /// `Proxy-Authorization`, `Cookie`, `Set-Cookie`, `x-api-key`, `api-key`,
-    /// `x-auth-token`).
+    /// `x-auth-token`, `x-amz-security-token`, `x-goog-api-key`, and every
+    /// header whose name says `token`, `secret`, `password`, `session`,
+    /// `signature`, `api-key` or `auth`).
     pub fn deny_header(mut self, name: HeaderName) -> Self {
         self.deny = self.deny.with(name);
         self
@@ -209,6 +229,18 @@ impl TraceBuilder {
         self
     }
 
+    /// How the URL path is shown, in the spans' and events' `url.path` and
+    /// in the `Display` and `Debug` of every error that passes through the
+    /// trace layers: as it is, hidden, by template, or by a closure (see
+    /// [`PathRedaction`]). One setting for all three, so a secret in a path
+    /// (`/v1/keys/<secret>`) appears in none of them.
+    ///
+    /// Default: [`PathRedaction::full`], the path as it is.
+    pub fn path_redaction(mut self, redaction: PathRedaction) -> Self {
+        self.path = redaction;
+        self
+    }
+
     /// Check the configuration and build the layer.
     ///
     /// # Errors
@@ -242,6 +274,7 @@ impl TraceBuilder {
             request_id: self.request_id,
             query_names: self.query_names,
             attempt_header: self.attempt_header,
+            path: self.path,
         })))
     }
 }

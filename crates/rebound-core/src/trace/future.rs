@@ -84,10 +84,13 @@ where
         let mut result = result.map_err(|e| Error::from_boxed(e.into()));
         let watch = this.state.take().map(|state| {
             state.finish(&mut result);
-            // The body outlives the head: it logs its own failure.
+            // The body outlives the head: it logs its own failure (and
+            // redacts its errors' paths with the same configuration, moved,
+            // not cloned).
             BodyWatch {
                 span: state.span,
                 ctx: state.ctx,
+                cfg: state.cfg,
             }
         });
         Poll::Ready(result.map(|res| res.map(|body| TraceBody::new(body, watch))))
@@ -105,8 +108,10 @@ struct RequestState {
 impl RequestState {
     fn finish<B>(&self, result: &mut Result<Response<B>, Error>) {
         let elapsed = self.start.elapsed();
-        if let Ok(res) = result {
-            self.cfg.deny.mark_sensitive(res.headers_mut());
+        match result {
+            Ok(res) => self.cfg.deny.mark_sensitive(res.headers_mut()),
+            // Before it is logged, and before the caller sees it.
+            Err(err) => self.cfg.redact_error(err),
         }
         let o = Outcome::of(result);
         let error_type = o.error_type();
@@ -154,6 +159,7 @@ impl RequestState {
             "request finished without success"
         };
         let ctx = self.ctx.as_ref();
+        let path = ctx.and_then(|c| self.cfg.shown_path(&c.uri));
         let _entered = span.enter();
         event_at!(
             level,
@@ -169,7 +175,7 @@ impl RequestState {
             rebound.elapsed_ms = millis(elapsed),
             http.request.method = ctx.map(|c| c.method.as_str()),
             server.address = ctx.and_then(|c| c.uri.host()),
-            url.path = ctx.map(|c| c.uri.path()),
+            url.path = path.as_deref(),
             request_id = ctx.and_then(RequestContext::request_id),
             },
             "{message}"
@@ -199,6 +205,7 @@ impl RequestState {
         span.record("error.type", "cancelled");
         span.record("rebound.elapsed_ms", millis(elapsed));
         let ctx = self.ctx.as_ref();
+        let path = ctx.and_then(|c| self.cfg.shown_path(&c.uri));
         let _entered = span.enter();
         tracing::debug!(
             target: TARGET,
@@ -207,7 +214,7 @@ impl RequestState {
             rebound.elapsed_ms = millis(elapsed),
             http.request.method = ctx.map(|c| c.method.as_str()),
             server.address = ctx.and_then(|c| c.uri.host()),
-            url.path = ctx.map(|c| c.uri.path()),
+            url.path = path.as_deref(),
             request_id = ctx.and_then(RequestContext::request_id),
             },
             "request cancelled by the caller"
@@ -310,10 +317,12 @@ struct AttemptState {
 impl AttemptState {
     fn finish<B>(self, result: &mut Result<Response<B>, Error>) {
         let elapsed = self.start.elapsed();
-        if let Ok(res) = result {
+        match result {
             // The retry layer may drop this response; whatever looks at it
             // before then must not see a Set-Cookie either.
-            self.cfg.deny.mark_sensitive(res.headers_mut());
+            Ok(res) => self.cfg.deny.mark_sensitive(res.headers_mut()),
+            // Before it is logged, and before the layers above see it.
+            Err(err) => self.cfg.redact_error(err),
         }
         let o = Outcome::of(result);
         let error_type = o.error_type();
@@ -362,6 +371,7 @@ impl AttemptState {
         // loop's decision, logged at INFO (`retrying`) when the next attempt
         // starts, or at WARN (`request failed; giving up`) by the request.
         let ctx = self.ctx.as_ref();
+        let path = ctx.and_then(|c| self.cfg.shown_path(&c.uri));
         let _entered = span.enter();
         tracing::debug!(
             target: TARGET,
@@ -380,7 +390,7 @@ impl AttemptState {
             rebound.elapsed_ms = millis(elapsed),
             http.request.method = ctx.map(|c| c.method.as_str()),
             server.address = ctx.and_then(|c| c.uri.host()),
-            url.path = ctx.map(|c| c.uri.path()),
+            url.path = path.as_deref(),
             request_id = ctx.and_then(RequestContext::request_id),
             },
             "attempt finished"

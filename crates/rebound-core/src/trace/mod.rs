@@ -72,7 +72,7 @@
 //! | `otel.name`, `otel.kind`, `otel.status_code` | the method, `client`, `ERROR` on failure (for `tracing-opentelemetry`) |
 //! | `http.request.method` | `GET`, ... |
 //! | `server.address`, `server.port` | host, and port (explicit or from the scheme) |
-//! | `url.scheme`, `url.path` | never the query, never userinfo |
+//! | `url.scheme`, `url.path` | never the query, never userinfo; the path as the [`PathRedaction`](crate::redact::PathRedaction) says |
 //! | `url.query_names` | opt-in: the query parameter **names** (`api_key,page`) |
 //! | `request_id` | from `x-request-id` (configurable) when printable and ≤ 128 bytes |
 //! | `http.request.headers`, `http.response.headers` | only allow-listed headers (none by default) |
@@ -135,12 +135,35 @@
 //! Never recorded anywhere (spans, events, `Debug` of the request):
 //! `Authorization`, `Proxy-Authorization`, `Cookie`, `Set-Cookie` and every
 //! header on the [deny-list](crate::redact::HeaderDenyList) (default adds
-//! `x-api-key`, `api-key`, `x-auth-token`); URL userinfo; the query string;
-//! bodies. [`TraceLayer`] marks deny-listed headers
+//! `x-api-key`, `api-key`, `x-auth-token`, `x-amz-security-token`,
+//! `x-goog-api-key`, and every header whose name says `token`, `secret`,
+//! `password`, `session`, `signature`, `api-key` or `auth`); URL userinfo;
+//! the query string; bodies. [`TraceLayer`] marks deny-listed headers
 //! [sensitive](http::HeaderValue::set_sensitive) on the request on its way
 //! down, and on the response on its way up, so that `Debug` of either in any
-//! layer prints `Sensitive`. The URL path is recorded, as OpenTelemetry asks:
-//! do not put secrets in paths.
+//! layer prints `Sensitive` and HTTP/2 never indexes them (HPACK).
+//!
+//! The URL path is recorded, as OpenTelemetry asks, unless a
+//! [`PathRedaction`](crate::redact::PathRedaction) says otherwise
+//! ([`TraceBuilder::path_redaction`]): hidden, by template
+//! (`/v1/keys/{key}`) or by a closure. The one setting applies to the
+//! spans' and events' `url.path` and to every [`Error`](crate::Error) that
+//! passes through either trace layer, response body errors included: its
+//! `Display` and `Debug` then show the path the same way. (An error is named
+//! with its request's raw path where it is made, deep in the stack; the
+//! trace layers rewrite it on its way out, before it is logged or returned,
+//! so the setting costs nothing on a request that succeeds.)
+//!
+//! ```
+//! use rebound_core::redact::PathRedaction;
+//! use rebound_core::trace::TraceLayer;
+//!
+//! let trace = TraceLayer::builder()
+//!     .path_redaction(PathRedaction::templates(["/v1/keys/{key}"]))
+//!     .build()
+//!     .unwrap();
+//! # let _ = trace;
+//! ```
 //!
 //! Layers below should still strip URL userinfo before the transport (some
 //! transports log the authority); the trace layer never reads it.

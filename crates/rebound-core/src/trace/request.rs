@@ -14,7 +14,7 @@ use super::config::{self, Config, RequestContext, TraceBuilder};
 use super::future::ResponseFuture;
 use super::{AttemptTraceLayer, TraceBody, TARGET};
 use crate::error::{BoxError, Error};
-use crate::redact;
+use crate::redact::{self, PathRedaction};
 
 /// Traces each logical request in one span, with redaction by construction.
 ///
@@ -73,9 +73,26 @@ impl TraceLayer {
     }
 
     /// The [`AttemptTraceLayer`] with the same configuration (deny- and
-    /// allow-lists, request-id header, attempt-number header).
+    /// allow-lists, request-id header, attempt-number header, path
+    /// redaction).
     pub fn attempt_layer(&self) -> AttemptTraceLayer {
         config::attempt_layer(&self.cfg)
+    }
+
+    /// How this layer shows URL paths (see
+    /// [`TraceBuilder::path_redaction`]).
+    pub fn path_redaction(&self) -> &PathRedaction {
+        &self.cfg.path
+    }
+
+    /// The same configuration with the path redaction replaced by
+    /// `redaction` (see [`TraceBuilder::path_redaction`]); for a
+    /// configuration assembled in two places, as the ready-made client's
+    /// builder does.
+    pub fn with_path_redaction(&self, redaction: PathRedaction) -> TraceLayer {
+        let mut cfg = Config::clone(&self.cfg);
+        cfg.path = redaction;
+        TraceLayer::from_config(Arc::new(cfg))
     }
 }
 
@@ -175,7 +192,7 @@ fn request_span<B>(cfg: &Config, req: &Request<B>) -> Span {
         server.address = uri.host(),
         server.port = redact::effective_port(uri),
         url.scheme = uri.scheme_str(),
-        url.path = uri.path(),
+        url.path = cfg.shown_path(uri).as_deref(),
         url.query_names = cfg.query_names(uri),
         request_id = cfg.request_id(req.headers()),
         http.request.headers = cfg.recorded_headers(req.headers()),

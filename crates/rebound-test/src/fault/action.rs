@@ -7,7 +7,9 @@ use bytes::Bytes;
 use http::{HeaderName, HeaderValue, StatusCode};
 
 /// What the [`FaultServer`](super::FaultServer) does with one request, once
-/// it has read the request completely (head and body) and recorded it.
+/// it has read the request completely (head and body) and recorded it (or,
+/// with [`after_body_bytes`](Action::after_body_bytes), once it has read
+/// the first bytes of the body).
 ///
 /// Start from a constructor ([`status`](Action::status),
 /// [`never_respond`](Action::never_respond), [`close`](Action::close),
@@ -36,6 +38,9 @@ pub struct Action {
     pub(crate) kind: Kind,
     pub(crate) delay: Duration,
     pub(crate) reject_above: Option<usize>,
+    /// Act after this many request body bytes instead of after the whole
+    /// body (HTTP/1.1 only).
+    pub(crate) early: Option<u64>,
 }
 
 #[derive(Clone, Debug)]
@@ -90,6 +95,7 @@ impl Action {
             kind,
             delay: Duration::ZERO,
             reject_above: None,
+            early: None,
         }
     }
 
@@ -168,6 +174,27 @@ impl Action {
     /// tests of adaptive limits. Default: never rejects.
     pub fn reject_above(mut self, max_in_flight: usize) -> Self {
         self.reject_above = Some(max_in_flight);
+        self
+    }
+
+    /// Act (respond, close, reset, ...) as soon as the first `bytes` bytes
+    /// of the request body have been read (or the whole body, if it is
+    /// shorter), without waiting for the rest: a server that answers early,
+    /// e.g. a `503` after reading 4 KiB of a large upload, while the client
+    /// is still sending. After a response that keeps the connection alive,
+    /// the server reads the rest of the body and only then records the
+    /// request (with its whole body) and serves the next one; after an
+    /// action that ends the connection, the request is recorded with the
+    /// bytes read so far. Either way the request counts in
+    /// [`requests_started`](super::FaultServer::requests_started) from its
+    /// head on.
+    ///
+    /// The action is taken from the path's queue when the request head
+    /// arrives (not after the body, as for other actions). HTTP/1.1 only: on
+    /// HTTP/2 the body is read whole first, as without it. Default: the
+    /// whole body is read first.
+    pub fn after_body_bytes(mut self, bytes: u64) -> Self {
+        self.early = Some(bytes);
         self
     }
 

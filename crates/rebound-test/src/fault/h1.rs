@@ -122,10 +122,9 @@ struct Head {
 }
 
 /// Serves requests on one connection until the client leaves, the script
-/// ends the connection, or a request is malformed.
-/// Serves requests until the client leaves; with `silent_after: Some(n)`,
-/// the request after the first `n` is recorded and never answered, and the
-/// connection only drains from then on.
+/// ends the connection, or a request is malformed. With `silent_after:
+/// Some(n)`, the request after the first `n` is recorded and never
+/// answered, and the connection only drains from then on.
 pub(crate) async fn serve<S: Socket>(
     mut io: S,
     connection: u64,
@@ -152,23 +151,60 @@ pub(crate) async fn serve<S: Socket>(
         {
             return;
         }
-        let body = match read_body(&mut io, &mut buf, &head.framing).await {
-            Ok(body) => body,
-            Err(_) => return,
-        };
         let is_head = head.method == Method::HEAD;
         let keep_alive = head.keep_alive;
-        let action = shared.record(
-            Incoming {
-                method: head.method,
-                target: head.target,
-                version: head.version,
-                headers: head.headers,
-                received_at,
-                connection,
-            },
-            body,
-        );
+        let mut reader = BodyReader::new(&head.framing);
+        let early = shared.take_early(&head.target);
+        let incoming = Incoming {
+            method: head.method,
+            target: head.target,
+            version: head.version,
+            headers: head.headers,
+            received_at,
+            connection,
+        };
+        let mut body = BytesMut::new();
+        if let Some(action) = early {
+            // Act after the first bytes of the body, read the rest after.
+            let at = action.early.unwrap_or(0);
+            let at = usize::try_from(at).unwrap_or(usize::MAX);
+            if reader.read(&mut io, &mut buf, &mut body, at).await.is_err() {
+                return;
+            }
+            let next = act(&mut io, &mut buf, action, is_head, &shared, &mut in_flight).await;
+            if matches!(next, Ok(Next::KeepAlive))
+                && reader
+                    .read(&mut io, &mut buf, &mut body, usize::MAX)
+                    .await
+                    .is_err()
+            {
+                shared.record_only(incoming, body.freeze());
+                return;
+            }
+            shared.record_only(incoming, body.freeze());
+            match next {
+                Ok(Next::KeepAlive) if keep_alive => continue,
+                Ok(Next::KeepAlive) | Ok(Next::Close) => {
+                    drop(in_flight);
+                    let _ = io.shutdown().await;
+                    return;
+                }
+                Ok(Next::Reset) => {
+                    drop(in_flight);
+                    return reset(io);
+                }
+                Ok(Next::Drain) => return drain_until_closed(&mut io).await,
+                Err(_) => return,
+            }
+        }
+        if reader
+            .read(&mut io, &mut buf, &mut body, usize::MAX)
+            .await
+            .is_err()
+        {
+            return;
+        }
+        let action = shared.record(incoming, body.freeze());
         if silent_after.is_some_and(|n| served >= n) {
             return drain_until_closed(&mut io).await;
         }
@@ -433,24 +469,47 @@ async fn read_line<S: Socket>(io: &mut S, buf: &mut BytesMut) -> io::Result<Byte
     }
 }
 
-async fn read_body<S: Socket>(
-    io: &mut S,
-    buf: &mut BytesMut,
-    framing: &Framing,
-) -> io::Result<Bytes> {
-    match *framing {
-        Framing::None => Ok(Bytes::new()),
-        Framing::Length(len) => {
-            if len > MAX_BODY {
-                return Err(invalid("request body too large"));
-            }
-            let len = len as usize;
-            fill(io, buf, len).await?;
-            Ok(buf.split_to(len).freeze())
+/// Reads a request body in steps, so that a server can act after its first
+/// bytes and read the rest later ([`Action::after_body_bytes`]).
+struct BodyReader {
+    /// Bytes left in a `content-length` body, or in the current chunk.
+    left: u64,
+    chunked: bool,
+    done: bool,
+}
+
+impl BodyReader {
+    fn new(framing: &Framing) -> Self {
+        match *framing {
+            Framing::None => BodyReader {
+                left: 0,
+                chunked: false,
+                done: true,
+            },
+            Framing::Length(len) => BodyReader {
+                left: len,
+                chunked: false,
+                done: len == 0,
+            },
+            Framing::Chunked => BodyReader {
+                left: 0,
+                chunked: true,
+                done: false,
+            },
         }
-        Framing::Chunked => {
-            let mut body = BytesMut::new();
-            loop {
+    }
+
+    /// Reads into `body` until it holds at least `until` bytes or the body
+    /// ended.
+    async fn read<S: Socket>(
+        &mut self,
+        io: &mut S,
+        buf: &mut BytesMut,
+        body: &mut BytesMut,
+        until: usize,
+    ) -> io::Result<()> {
+        while !self.done && body.len() < until {
+            if self.chunked && self.left == 0 {
                 let line = read_line(io, buf).await?;
                 let size = std::str::from_utf8(&line)
                     .ok()
@@ -460,16 +519,31 @@ async fn read_body<S: Socket>(
                 if size == 0 {
                     // Trailers, up to the empty line.
                     while !read_line(io, buf).await?.is_empty() {}
-                    return Ok(body.freeze());
+                    self.done = true;
+                    return Ok(());
                 }
-                if body.len() as u64 + size > MAX_BODY {
-                    return Err(invalid("request body too large"));
+                self.left = size;
+            }
+            if body.len() as u64 + self.left > MAX_BODY {
+                return Err(invalid("request body too large"));
+            }
+            fill(io, buf, 1).await?;
+            let n = buf
+                .len()
+                .min(usize::try_from(self.left).unwrap_or(usize::MAX));
+            body.extend_from_slice(&buf[..n]);
+            buf.advance(n);
+            self.left -= n as u64;
+            if self.left == 0 {
+                if self.chunked {
+                    // The CRLF after the chunk's data.
+                    fill(io, buf, 2).await?;
+                    buf.advance(2);
+                } else {
+                    self.done = true;
                 }
-                let size = size as usize;
-                fill(io, buf, size + 2).await?;
-                body.extend_from_slice(&buf[..size]);
-                buf.advance(size + 2);
             }
         }
+        Ok(())
     }
 }

@@ -48,7 +48,8 @@
 //! [default connection action](FaultServerBuilder::default_connection)
 //! (serve, unless set).
 //!
-//! On a served connection, each request is read completely, recorded, and
+//! On a served connection, each request is read completely (unless its
+//! action says [`Action::after_body_bytes`]), recorded, and
 //! answered with an [`Action`] chosen by its **path** (the query is ignored
 //! for matching, kept in the record): the next action queued for that path
 //! by [`route`](FaultServerBuilder::route), or, when the path has no queue or
@@ -396,6 +397,14 @@ impl FaultServer {
     /// How many requests were received so far (read completely).
     pub fn request_count(&self) -> u64 {
         self.shared.request_count()
+    }
+
+    /// How many requests were started so far: request heads read, whether
+    /// or not their body then arrived whole. More than
+    /// [`request_count`](Self::request_count) means some requests were cut
+    /// short (a client that gave up mid-body, or a truncated retry).
+    pub fn requests_started(&self) -> u64 {
+        self.shared.started() as u64
     }
 
     /// How many TCP connections were accepted so far (whatever became of

@@ -124,6 +124,26 @@ struct State {
     per_connection: HashMap<u64, usize>,
 }
 
+impl State {
+    fn push(&mut self, incoming: Incoming, body: Bytes) {
+        let index = self.requests.len();
+        let on_conn = self.per_connection.entry(incoming.connection).or_insert(0);
+        let index_on_connection = *on_conn;
+        *on_conn += 1;
+        self.requests.push(RecordedRequest {
+            method: incoming.method,
+            target: incoming.target,
+            version: incoming.version,
+            headers: incoming.headers,
+            body,
+            received_at: incoming.received_at,
+            connection: incoming.connection,
+            index,
+            index_on_connection,
+        });
+    }
+}
+
 /// The state shared by the server's tasks and the [`FaultServer`] handle.
 ///
 /// [`FaultServer`]: super::FaultServer
@@ -133,6 +153,8 @@ pub(crate) struct Shared {
     accepted: watch::Sender<u64>,
     in_flight: AtomicUsize,
     peak: AtomicUsize,
+    /// Request heads read, whether or not their body was read whole.
+    started: AtomicUsize,
 }
 
 /// The parts of a request known before it is recorded.
@@ -157,6 +179,7 @@ impl Shared {
             accepted: watch::Sender::new(0),
             in_flight: AtomicUsize::new(0),
             peak: AtomicUsize::new(0),
+            started: AtomicUsize::new(0),
         })
     }
 
@@ -193,24 +216,40 @@ impl Shared {
             _ => None,
         }
         .unwrap_or_else(|| state.script.default.clone());
-        let index = state.requests.len();
-        let on_conn = state.per_connection.entry(incoming.connection).or_insert(0);
-        let index_on_connection = *on_conn;
-        *on_conn += 1;
-        state.requests.push(RecordedRequest {
-            method: incoming.method,
-            target: incoming.target,
-            version: incoming.version,
-            headers: incoming.headers,
-            body,
-            received_at: incoming.received_at,
-            connection: incoming.connection,
-            index,
-            index_on_connection,
-        });
+        state.push(incoming, body);
         drop(state);
         self.received.send_modify(|n| *n += 1);
         action
+    }
+
+    /// The action for a request to `target` if it is one that acts before
+    /// the body is read ([`Action::after_body_bytes`]), taken from the
+    /// script; `None` (and the script untouched) otherwise.
+    pub(crate) fn take_early(&self, target: &str) -> Option<Action> {
+        let mut state = self.lock();
+        let path = target.split('?').next().unwrap_or_default();
+        let script = &mut state.script;
+        match script.routes.get_mut(path) {
+            Some(queue) if !queue.is_empty() => {
+                if queue.front().is_some_and(|a| a.early.is_some()) {
+                    queue.pop_front()
+                } else {
+                    None
+                }
+            }
+            _ => script
+                .default
+                .early
+                .is_some()
+                .then(|| script.default.clone()),
+        }
+    }
+
+    /// Records a request whose action was taken already
+    /// ([`take_early`](Self::take_early)).
+    pub(crate) fn record_only(&self, incoming: Incoming, body: Bytes) {
+        self.lock().push(incoming, body);
+        self.received.send_modify(|n| *n += 1);
     }
 
     pub(crate) fn push_route(&self, path: &str, actions: impl IntoIterator<Item = Action>) {
@@ -254,8 +293,13 @@ impl Shared {
         self.peak.load(Ordering::SeqCst)
     }
 
+    pub(crate) fn started(&self) -> usize {
+        self.started.load(Ordering::SeqCst)
+    }
+
     /// Marks a request in flight until the guard is dropped.
     pub(crate) fn enter(self: &Arc<Self>) -> InFlight {
+        self.started.fetch_add(1, Ordering::SeqCst);
         let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         self.peak.fetch_max(now, Ordering::SeqCst);
         InFlight {
