@@ -515,7 +515,7 @@ impl ClientBuilder {
 
     /// The gRPC methods that are safe to retry (gRPC calls are POSTs):
     /// calls to them are marked eligible
-    /// ([`MarkRetryableLayer`](rebound_core::grpc::MarkRetryableLayer),
+    /// ([`MarkRetryableLayer`],
     /// above the retry loop), and every gRPC attempt carries the time left
     /// as `grpc-timeout` (as with
     /// [`propagate_grpc_timeout`](Self::propagate_grpc_timeout)). Default:

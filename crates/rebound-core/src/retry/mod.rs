@@ -83,7 +83,7 @@
 //! layer's INFO `retrying` event is made from them. The body of each attempt is a fresh
 //! copy ([`ReplayableBody::try_replay`](crate::body::ReplayableBody::try_replay) for the first,
 //! [`ReplayableBody::try_replay_whole`](crate::body::ReplayableBody::try_replay_whole)
-//! for every retry; see [`RetryBody`](crate::body::RetryBody)); a body that cannot
+//! for every retry; see [`crate::body::RetryBody`]); a body that cannot
 //! be replayed is sent once and not retried
 //! ([`RetryStop::NotReplayable`](crate::RetryStop::NotReplayable), verdict
 //! rewritten to `Fatal { reason: "body not replayable" }`). A retry never
