@@ -81,9 +81,20 @@ async fn unavailable_twice_then_ok_makes_three_calls() {
             GrpcClassifier::default(),
             Duration::from_secs(10),
         );
-        let res = c.unary(SAY, Bytes::from_static(b"hi")).await.unwrap();
+        // Larger than one frame of most writers, still under the replay cap:
+        // every attempt must carry the whole message, once.
+        let message = Bytes::from(vec![7u8; 40 * 1024]);
+        let res = c.unary(SAY, message.clone()).await.unwrap();
         assert_eq!(res.get_ref(), "ok");
-        assert_eq!(server.calls_to(SAY).len(), 3);
+        let calls = server.calls_to(SAY);
+        assert_eq!(calls.len(), 3);
+        for call in &calls {
+            assert_eq!(
+                call.message.as_ref(),
+                Some(&message),
+                "tonic's body, replayed"
+            );
+        }
         assert_eq!(Attempts::of(res.extensions()), 3);
         assert_eq!(res.metadata().get("rebound-attempts").unwrap(), "3");
     })
@@ -241,6 +252,33 @@ async fn a_callers_longer_grpc_timeout_is_lowered_to_the_time_left() {
         let call = &server.calls_to(SAY)[0];
         let sent = parse_grpc_timeout(&call.grpc_timeout().unwrap().parse().unwrap()).unwrap();
         assert!(sent <= Duration::from_millis(800), "{sent:?}");
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_message_over_the_replay_cap_is_sent_once() {
+    within(async {
+        let server = GrpcServer::start(|_, _| Reply::status(tonic::Code::Unavailable))
+            .await
+            .unwrap();
+        let mut c = client(
+            channel(server.uri()),
+            GrpcClassifier::default(),
+            Duration::from_secs(10),
+        );
+        // Over ReplayBody's 64 KiB cap: the first attempt streams it whole,
+        // and no retry can be made.
+        let message = Bytes::from(vec![1u8; 100 * 1024]);
+        let status = c.unary(SAY, message.clone()).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unavailable);
+        let calls = server.calls_to(SAY);
+        assert_eq!(calls.len(), 1);
+        assert_eq!(calls[0].message.as_ref(), Some(&message));
+        assert_eq!(
+            status.metadata().get("rebound-retry-stop").unwrap(),
+            "not_replayable"
+        );
     })
     .await
 }

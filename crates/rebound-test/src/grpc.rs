@@ -186,13 +186,30 @@ fn status_of(code: Code, metadata: Vec<(&'static str, String)>) -> Status {
     Status::with_metadata(code, "scripted", map)
 }
 
-struct Unary(Reply);
+struct Unary(Reply, Recorder);
+
+/// Where a handler writes the message it decoded: call `index` of the log.
+#[derive(Clone)]
+struct Recorder {
+    log: Arc<Mutex<Log>>,
+    index: usize,
+}
+
+impl Recorder {
+    fn message(&self, message: &Bytes) {
+        let mut log = self.log.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(call) = log.calls.get_mut(self.index) {
+            call.message = Some(message.clone());
+        }
+    }
+}
 
 impl tonic::server::UnaryService<Bytes> for Unary {
     type Response = Bytes;
     type Future = BoxFuture<Result<tonic::Response<Bytes>, Status>>;
 
-    fn call(&mut self, _req: tonic::Request<Bytes>) -> Self::Future {
+    fn call(&mut self, req: tonic::Request<Bytes>) -> Self::Future {
+        self.1.message(req.get_ref());
         let (delay, reply) = self.0.clone().delay_and_reply();
         Box::pin(async move {
             tokio::time::sleep(delay).await;
@@ -206,14 +223,15 @@ impl tonic::server::UnaryService<Bytes> for Unary {
     }
 }
 
-struct ServerStream(Reply);
+struct ServerStream(Reply, Recorder);
 
 impl tonic::server::ServerStreamingService<Bytes> for ServerStream {
     type Response = Bytes;
     type ResponseStream = MessageStream;
     type Future = BoxFuture<Result<tonic::Response<MessageStream>, Status>>;
 
-    fn call(&mut self, _req: tonic::Request<Bytes>) -> Self::Future {
+    fn call(&mut self, req: tonic::Request<Bytes>) -> Self::Future {
+        self.1.message(req.get_ref());
         let (delay, reply) = self.0.clone().delay_and_reply();
         Box::pin(async move {
             tokio::time::sleep(delay).await;
@@ -241,6 +259,9 @@ pub struct GrpcCall {
     pub at: Instant,
     /// Its request headers (metadata).
     pub headers: HeaderMap,
+    /// The request message, once the handler decoded it (`None` if the
+    /// call's body never arrived whole).
+    pub message: Option<Bytes>,
 }
 
 impl GrpcCall {
@@ -298,25 +319,32 @@ impl GrpcServer {
                         let svc = hyper::service::service_fn(
                             move |req: http::Request<hyper::body::Incoming>| {
                                 let path = req.uri().path().to_owned();
-                                let n = {
+                                let (n, index) = {
                                     let mut log =
                                         log.lock().unwrap_or_else(PoisonError::into_inner);
+                                    let index = log.calls.len();
                                     log.calls.push(GrpcCall {
                                         path: path.clone(),
                                         at: Instant::now(),
                                         headers: req.headers().clone(),
+                                        message: None,
                                     });
                                     let n = log.per_path.entry(path.clone()).or_insert(0);
                                     *n += 1;
-                                    *n - 1
+                                    (*n - 1, index)
+                                };
+                                let recorder = Recorder {
+                                    log: Arc::clone(&log),
+                                    index,
                                 };
                                 let reply = script(&path, n);
                                 async move {
                                     let mut grpc = tonic::server::Grpc::new(RawCodec);
                                     let res = if reply.is_stream() {
-                                        grpc.server_streaming(ServerStream(reply), req).await
+                                        grpc.server_streaming(ServerStream(reply, recorder), req)
+                                            .await
                                     } else {
-                                        grpc.unary(Unary(reply), req).await
+                                        grpc.unary(Unary(reply, recorder), req).await
                                     };
                                     Ok::<_, std::convert::Infallible>(res)
                                 }
