@@ -41,8 +41,10 @@
 //! | [`RetryAfterGateLayer`] (holding) | new requests to a host whose gate is closed wait here, holding no permit | [`retry_after_gate`](ClientBuilder::retry_after_gate) |
 //! | [`ConcurrencyLimitLayer`] | logical requests in flight, held until the body ends | [`concurrency_limit`](ClientBuilder::concurrency_limit) |
 //! | [`IdempotencyKeyLayer`] | POST/PATCH get an `Idempotency-Key` once | [`idempotency_keys`](ClientBuilder::idempotency_keys) |
-//! | [`RetryLayer`] | the only loop; budget shared by all clones | [`max_attempts`](ClientBuilder::max_attempts), [`retry_budget`](ClientBuilder::retry_budget) |
+//! | [`MarkRetryableLayer`] (only when configured) | gRPC calls to methods declared safe are eligible for retry | [`grpc_retryable_methods`](ClientBuilder::grpc_retryable_methods) |
+//! | [`RetryLayer`] | the only loop; budget shared by all clones | [`max_attempts`](ClientBuilder::max_attempts), [`retry_budget`](ClientBuilder::retry_budget), [`retry_methods`](ClientBuilder::retry_methods) |
 //! | [`AttemptTraceLayer`](rebound_core::trace::AttemptTraceLayer) | one child span per attempt | with `trace` |
+//! | [`PropagateDeadlineLayer`] (only when configured) | the time left, per attempt, as `grpc-timeout` and / or a budget header | [`propagate_grpc_timeout`](ClientBuilder::propagate_grpc_timeout), [`deadline_header`](ClientBuilder::deadline_header) |
 //! | [`BackoffLayer`] | proposes the delay; Retry-After wins | [`backoff`](ClientBuilder::backoff) |
 //! | [`RetryAfterGateLayer`] (closing) | closes a host's gate on a 429 with Retry-After; holds retries | [`retry_after_gate`](ClientBuilder::retry_after_gate) (wait, fail fast, off), [`retry_after_gate_on_503`](ClientBuilder::retry_after_gate_on_503) |
 //! | [`AdaptiveLimitLayer`] | attempts in flight; shrinks on 429/503/timeouts | [`adaptive_limit`](ClientBuilder::adaptive_limit) |
@@ -50,6 +52,13 @@
 //! | [`ClassifyLayer`] | each attempt's [`Verdict`](rebound_core::Verdict) | [`classifier`](ClientBuilder::classifier) |
 //! | [`AttemptTimeoutLayer`] | time to the response head, per attempt | [`attempt_timeout`](ClientBuilder::attempt_timeout) |
 //! | [`HyperTransport`] | connect and TLS timeouts, body idle / rate timeouts, HTTP/2 keep-alive PING; retires an HTTP/2 connection whose attempt timed out | [`connect_timeout`](ClientBuilder::connect_timeout), [`http2_keep_alive_interval`](ClientBuilder::http2_keep_alive_interval), ... |
+//!
+//! For gRPC, add [`http2_prior_knowledge`](ClientBuilder::http2_prior_knowledge)
+//! (plain-text servers) and a
+//! [`GrpcClassifier`](rebound_core::grpc::GrpcClassifier); a committed
+//! call's final status in the trailers is not classified by this client
+//! (stack [`GrpcTrailersLayer`](rebound_core::grpc::GrpcTrailersLayer)
+//! yourself to trace it).
 //!
 //! A layer that is "off" stays in the stack configured as a pass-through
 //! (a limit no one reaches, an empty method set, a gate in
