@@ -405,6 +405,46 @@ mod tests {
             .is_fatal());
     }
 
+    #[cfg(feature = "metrics")]
+    #[tokio::test]
+    async fn trailers_status_is_counted() {
+        use http_body_util::BodyExt;
+        use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        {
+            let _guard = metrics::set_default_local_recorder(&recorder);
+            let mut trailers = HeaderMap::new();
+            trailers.insert("grpc-status", HeaderValue::from_static("14"));
+            let frames = vec![Ok::<_, std::convert::Infallible>(
+                Frame::<bytes::Bytes>::trailers(trailers),
+            )];
+            let body = GrpcTrailersBody {
+                inner: http_body_util::StreamBody::new(futures_util::stream::iter(frames)),
+                span: Some(Span::none()),
+            };
+            body.collect().await.unwrap();
+        }
+        let counted: Vec<_> = snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .filter(|(k, ..)| k.key().name() == "rebound_grpc_status_total")
+            .map(|(k, _, _, v)| {
+                let labels: Vec<String> = k
+                    .key()
+                    .labels()
+                    .map(|l| format!("{}={}", l.key(), l.value()))
+                    .collect();
+                (labels, v)
+            })
+            .collect();
+        assert_eq!(
+            counted,
+            vec![(vec!["code=UNAVAILABLE".to_owned()], DebugValue::Counter(1))]
+        );
+    }
+
     #[tokio::test]
     async fn trailers_body_passes_frames() {
         use http_body_util::BodyExt;
