@@ -30,19 +30,8 @@ async fn the_client_calls_a_plain_text_tonic_server() {
             .attempt_timeout(Duration::from_secs(2))
             .build()
             .unwrap();
-        // tonic's stub needs an origin in the URI: the service answers to
-        // whatever base the request carries.
-        let base: http::Uri = server.uri().parse().unwrap();
-        let svc = tower::ServiceBuilder::new()
-            .map_request(move |mut req: http::Request<tonic::body::Body>| {
-                let pq = req.uri().path_and_query().cloned();
-                let mut parts = base.clone().into_parts();
-                parts.path_and_query = pq;
-                *req.uri_mut() = http::Uri::from_parts(parts).unwrap();
-                req
-            })
-            .service(client);
-        let mut stub = TestClient::new(svc);
+        // Not a Channel: the stub puts the server's origin in each URI.
+        let mut stub = TestClient::with_origin(client, server.uri().parse().unwrap());
         let res = stub
             .unary("/test.Echo/Ping", Bytes::from_static(b"ping"))
             .await

@@ -418,6 +418,16 @@ where
         }
     }
 
+    /// A client over `service` whose requests carry `origin`
+    /// (`http://host:port`) in their URI, as a service that is not a
+    /// `tonic::transport::Channel` (e.g. `rebound::Client`) needs; tonic's
+    /// generated clients have the same `with_origin`.
+    pub fn with_origin(service: T, origin: http::Uri) -> Self {
+        TestClient {
+            inner: tonic::client::Grpc::with_origin(service, origin),
+        }
+    }
+
     /// A unary call to `path` with `message`.
     pub async fn unary(
         &mut self,
