@@ -282,3 +282,50 @@ async fn a_message_over_the_replay_cap_is_sent_once() {
     })
     .await
 }
+
+#[tokio::test]
+async fn tonics_set_timeout_becomes_the_deadline_with_the_inbound_layer_on_top() {
+    within(async {
+        let server = GrpcServer::start(|_, n| {
+            if n == 0 {
+                Reply::status(tonic::Code::Unavailable)
+            } else {
+                Reply::after(Duration::from_secs(2), Reply::ok("late"))
+            }
+        })
+        .await
+        .unwrap();
+        // On a client stack, InboundDeadlineLayer reads the grpc-timeout
+        // that tonic's `Request::set_timeout` wrote: the whole call, retries
+        // included, ends by then, and each attempt carries what is left.
+        let stack = ServiceBuilder::new()
+            .layer(IntoStatusLayer::new())
+            .layer(rebound::grpc::InboundDeadlineLayer::new())
+            .layer(DeadlineLayer::new(Duration::from_secs(10)).unwrap())
+            .layer(MarkRetryableLayer::new(RetryableMethods::all()))
+            .layer(RetryLayer::new(RetryPolicy::default().max_attempts(4)))
+            .layer(PropagateDeadlineLayer::new())
+            .layer(RetryAfterLayer::new())
+            .layer(ClassifyLayer::new(GrpcClassifier::default()))
+            .service(channel(server.uri()));
+        let mut c = TestClient::new(stack);
+        let mut req = tonic::Request::new(Bytes::new());
+        req.set_timeout(Duration::from_millis(400));
+        let start = Instant::now();
+        let status = c.unary_request(SAY, req).await.unwrap_err();
+        let took = start.elapsed();
+        assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status:?}");
+        assert!(took < Duration::from_millis(1500), "{took:?}");
+        let calls = server.calls_to(SAY);
+        assert_eq!(calls.len(), 2);
+        let first = parse_grpc_timeout(&calls[0].grpc_timeout().unwrap().parse().unwrap()).unwrap();
+        let second =
+            parse_grpc_timeout(&calls[1].grpc_timeout().unwrap().parse().unwrap()).unwrap();
+        assert!(first <= Duration::from_millis(400), "{first:?}");
+        assert!(
+            second < first,
+            "the retry carries less: {second:?} vs {first:?}"
+        );
+    })
+    .await
+}

@@ -86,7 +86,9 @@
 //! (by `/package.Service/Method`, by service, with a default) with the
 //! [`Idempotent`](crate::Idempotent) annotation, which the retry layer
 //! reads. A call that was never sent (connect refused, `REFUSED_STREAM`,
-//! `GOAWAY` above the last stream id) is retried whatever the method.
+//! `GOAWAY` above the last stream id) is retried whatever the method —
+//! within the same bounds as any retry (attempts, budget, deadline), where
+//! gRFC A6 makes one transparent retry outside them.
 //!
 //! # Deadlines that travel
 //!
