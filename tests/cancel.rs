@@ -156,7 +156,7 @@ fn patient(limiter: &Arc<ConcurrencyLimiter>) -> ClientBuilder {
 }
 
 fn limit_one() -> Arc<ConcurrencyLimiter> {
-    Arc::new(ConcurrencyLimiter::new(1).unwrap())
+    Arc::new(ConcurrencyLimiter::try_new(1).unwrap())
 }
 
 /// Completes the queued follower within `within` of the drop, reads its
@@ -565,7 +565,8 @@ async fn drop_while_waiting_for_an_adaptive_slot() {
     // The adaptive limit pinned at one attempt in flight (no concurrency
     // limit): the slot is held until the response head.
     let adaptive = Arc::new(
-        AdaptiveLimiter::new(Aimd::default().min_limit(1).initial_limit(1).max_limit(1)).unwrap(),
+        AdaptiveLimiter::try_new(Aimd::default().min_limit(1).initial_limit(1).max_limit(1))
+            .unwrap(),
     );
     let client = Client::builder()
         .total_timeout(STAGE * 3)

@@ -44,7 +44,7 @@ async fn ten_thousand_requests_never_exceed_a_limit_of_64() {
         )
         .start()
         .await;
-    let limiter = Arc::new(ConcurrencyLimiter::new(LIMIT).unwrap());
+    let limiter = Arc::new(ConcurrencyLimiter::try_new(LIMIT).unwrap());
     let client = Client::builder()
         .concurrency_limiter(limiter.clone())
         .build()
@@ -113,7 +113,7 @@ async fn a_slowly_read_streamed_body_holds_the_permit_until_it_ends() {
         .default(Action::status(200).body("second"))
         .start()
         .await;
-    let limiter = Arc::new(ConcurrencyLimiter::new(1).unwrap());
+    let limiter = Arc::new(ConcurrencyLimiter::try_new(1).unwrap());
     let client = Client::builder()
         .concurrency_limiter(limiter.clone())
         .build()
@@ -203,7 +203,7 @@ async fn the_adaptive_limit_settles_near_the_servers_hidden_limit() {
         .start()
         .await;
     let adaptive = Arc::new(
-        AdaptiveLimiter::new(
+        AdaptiveLimiter::try_new(
             Aimd::default()
                 .min_limit(1)
                 .initial_limit(OFFERED)
@@ -383,7 +383,7 @@ async fn a_throttled_host_holds_no_permit_another_host_needs() {
         .default(Action::status(200).delay(Duration::from_millis(20)))
         .start()
         .await;
-    let limiter = Arc::new(ConcurrencyLimiter::new(LIMIT).unwrap());
+    let limiter = Arc::new(ConcurrencyLimiter::try_new(LIMIT).unwrap());
     let table = Arc::new(GateTable::default());
     let client = Client::builder()
         .concurrency_limiter(limiter.clone())
@@ -600,12 +600,12 @@ async fn the_adaptive_limit_cuts_a_burst_of_429s() {
             )
             .start()
             .await;
-        let limiter = Arc::new(AdaptiveLimiter::new(aimd).unwrap());
+        let limiter = Arc::new(AdaptiveLimiter::try_new(aimd).unwrap());
         let client = Client::builder()
             .adaptive_limiter(limiter.clone())
             .max_attempts(30)
             .retry_budget(Arc::new(
-                rebound::RetryBudget::new(10.0, Duration::from_secs(10), 100).unwrap(),
+                rebound::RetryBudget::try_new(10.0, Duration::from_secs(10), 100).unwrap(),
             ))
             .build()
             .unwrap();
@@ -656,7 +656,7 @@ async fn ten_thousand_simultaneous_against_capacity_20() {
         .start()
         .await;
     let aimd = rebound::rebound_hyper::client::default_adaptive_limit();
-    let limiter = Arc::new(AdaptiveLimiter::new(aimd).unwrap());
+    let limiter = Arc::new(AdaptiveLimiter::try_new(aimd).unwrap());
     let client = Client::builder()
         .adaptive_limiter(limiter.clone())
         .build()

@@ -221,16 +221,16 @@ fn full_stack(inner: Bare) -> FullStack {
 
 // The client's defaults, layer by layer.
 fn deadline() -> DeadlineLayer {
-    DeadlineLayer::new(Duration::from_secs(30)).expect("valid total timeout")
+    DeadlineLayer::try_new(Duration::from_secs(30)).expect("valid total timeout")
 }
 fn attempt_timeout() -> AttemptTimeoutLayer {
-    AttemptTimeoutLayer::new(Duration::from_secs(10)).expect("valid attempt timeout")
+    AttemptTimeoutLayer::try_new(Duration::from_secs(10)).expect("valid attempt timeout")
 }
 fn concurrency() -> ConcurrencyLimitLayer {
-    ConcurrencyLimitLayer::new(tokio::sync::Semaphore::MAX_PERMITS).expect("valid limit")
+    ConcurrencyLimitLayer::try_new(tokio::sync::Semaphore::MAX_PERMITS).expect("valid limit")
 }
 fn adaptive() -> AdaptiveLimitLayer {
-    AdaptiveLimitLayer::new(
+    AdaptiveLimitLayer::try_new(
         Aimd::default()
             .min_limit(1)
             .initial_limit(256)

@@ -37,3 +37,22 @@ pub fn validate_duration(what: &str, d: Duration) -> Result<Duration, Error> {
     }
     Ok(d)
 }
+
+/// The value of a checked constructor, or a panic that says which
+/// constructor refused what: how every `new` in rebound follows tower's
+/// idiom (DESIGN.md §10) — `new` returns the value and panics on arguments
+/// that cannot work, `try_new` returns the [configuration
+/// error](Error::is_config) instead.
+///
+/// ```should_panic
+/// use std::time::Duration;
+/// // "AttemptTimeoutLayer::new: invalid configuration: attempt timeout must be greater than zero"
+/// let _ = rebound_core::AttemptTimeoutLayer::new(Duration::ZERO);
+/// ```
+#[track_caller]
+pub fn expect_valid<T>(constructor: &str, checked: Result<T, Error>) -> T {
+    match checked {
+        Ok(value) => value,
+        Err(e) => panic!("{constructor}: {e}"),
+    }
+}

@@ -180,10 +180,21 @@ impl GateTable {
 
     /// A table holding at most `max_entries` closed gates.
     ///
+    /// # Panics
+    ///
+    /// On a value [`try_new`](Self::try_new) refuses, with a message that
+    /// names it; use `try_new` for values that come from configuration.
+    #[track_caller]
+    pub fn new(max_entries: usize) -> Self {
+        crate::config::expect_valid("GateTable::new", Self::try_new(max_entries))
+    }
+
+    /// A table holding at most `max_entries` closed gates.
+    ///
     /// # Errors
     ///
     /// A [`Config`](ErrorKind::Config) error if `max_entries` is zero.
-    pub fn new(max_entries: usize) -> Result<Self, Error> {
+    pub fn try_new(max_entries: usize) -> Result<Self, Error> {
         if max_entries == 0 {
             return Err(Error::config(
                 "retry-after gate: max_entries must be at least 1",
@@ -304,7 +315,7 @@ impl GateTable {
 impl Default for GateTable {
     /// A table of [`GateTable::DEFAULT_MAX_ENTRIES`] entries.
     fn default() -> Self {
-        GateTable::new(Self::DEFAULT_MAX_ENTRIES).expect("the default size is valid")
+        GateTable::try_new(Self::DEFAULT_MAX_ENTRIES).expect("the default size is valid")
     }
 }
 

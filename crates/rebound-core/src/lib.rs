@@ -23,6 +23,21 @@
 //! Every layer's service has `type Error = `[`Error`]: one opaque error type
 //! with a kind to branch on, a `source()` chain and its own extensions.
 //!
+//! # Conventions (DESIGN.md §10)
+//!
+//! * **Constructors.** `XLayer::new(..)` returns the layer and panics, naming
+//!   the argument, on a value that cannot work; `XLayer::try_new(..)` returns
+//!   the [configuration error](Error::is_config) instead (see
+//!   [`config::expect_valid`]). Setters follow the same rule (`x` / `try_x`).
+//! * **Names.** The service of `XLayer` is `X` (`Retry`, `Classify`,
+//!   `AttemptTimeout`, `ConcurrencyLimit`, ...), except where `X` is already
+//!   a vocabulary or configuration value users write every day —
+//!   [`Deadline`], [`Cancel`], [`IdempotencyKey`], [`Backoff`] — where it is
+//!   `XService` (`DeadlineService`, `CancelService`, `IdempotencyKeyService`,
+//!   `BackoffService`). We kept the vocabulary's short names rather than
+//!   rename what every layer and caller reads.
+//! * **Features.** One cargo feature per layer family (see the README).
+//!
 //! # Minimum supported Rust version
 //!
 //! 1.85, declared as `rust-version` in the workspace; raised only with a
@@ -129,11 +144,13 @@ pub use crate::deadline::{DeadlineBody, DeadlineLayer, DeadlineService};
 #[cfg(feature = "collect")]
 pub use crate::collect::{CollectBody, CollectBodyLayer, CollectedBody};
 #[cfg(feature = "idempotency")]
-pub use crate::idempotency::{IdempotencyKeyLayer, MakeIdempotencyKey, SetIdempotencyKey, UuidV4};
+pub use crate::idempotency::{
+    IdempotencyKeyLayer, IdempotencyKeyService, MakeIdempotencyKey, UuidV4,
+};
 
 // --- re-exports: load control and cancellation ---
 #[cfg(feature = "cancel")]
-pub use crate::cancel::{Cancel, CancelLayer, Cancellable};
+pub use crate::cancel::{Cancel, CancelLayer, CancelService};
 #[cfg(feature = "retry-after")]
 pub use crate::gate::{GateMode, GateTable, RetryAfterGate, RetryAfterGateLayer};
 #[cfg(feature = "limit")]

@@ -334,10 +334,21 @@ impl RetryAfterLayer {
 
     /// The cap on a server-given delay. Default: 60 s.
     ///
+    /// # Panics
+    ///
+    /// On a value [`try_max_delay`](Self::try_max_delay) refuses, with a message that
+    /// names it; use `try_max_delay` for values that come from configuration.
+    #[track_caller]
+    pub fn max_delay(self, max: Duration) -> Self {
+        crate::config::expect_valid("RetryAfterLayer::max_delay", self.try_max_delay(max))
+    }
+
+    /// The cap on a server-given delay. Default: 60 s.
+    ///
     /// # Errors
     ///
     /// A configuration [`Error`] if `max` is zero or above one day.
-    pub fn max_delay(mut self, max: Duration) -> Result<Self, Error> {
+    pub fn try_max_delay(mut self, max: Duration) -> Result<Self, Error> {
         if max.is_zero() {
             return Err(Error::config("RetryAfterLayer: max_delay must be > 0"));
         }
@@ -592,15 +603,15 @@ mod tests {
     #[test]
     fn bad_config_is_an_error() {
         assert!(RetryAfterLayer::new()
-            .max_delay(Duration::ZERO)
+            .try_max_delay(Duration::ZERO)
             .unwrap_err()
             .is_config());
         assert!(RetryAfterLayer::new()
-            .max_delay(Duration::from_secs(2 * 86_400))
+            .try_max_delay(Duration::from_secs(2 * 86_400))
             .unwrap_err()
             .is_config());
         assert!(RetryAfterLayer::new()
-            .max_delay(Duration::from_secs(5))
+            .try_max_delay(Duration::from_secs(5))
             .is_ok());
     }
 

@@ -33,7 +33,7 @@ fn answering(
     Arc<AdaptiveLimiter>,
     impl Service<Request<()>, Response = Response<()>, Error = Error> + Clone,
 ) {
-    let layer = AdaptiveLimitLayer::new(aimd).unwrap();
+    let layer = AdaptiveLimitLayer::try_new(aimd).unwrap();
     let limiter = layer.limiter().clone();
     let svc = ServiceBuilder::new()
         .layer(layer)
@@ -55,10 +55,10 @@ fn settings_are_checked() {
         Aimd::default().initial_limit(300),
         Aimd::default().max_limit(usize::MAX),
     ] {
-        let err = AdaptiveLimitLayer::new(bad).unwrap_err();
+        let err = AdaptiveLimitLayer::try_new(bad).unwrap_err();
         assert!(err.is_config(), "{bad:?} accepted");
     }
-    let ok = AdaptiveLimiter::new(Aimd::default().backoff_ratio(0.5)).unwrap();
+    let ok = AdaptiveLimiter::try_new(Aimd::default().backoff_ratio(0.5)).unwrap();
     assert_eq!(ok.current_limit(), 20);
     assert_eq!(AdaptiveLimitLayer::default().limiter().current_limit(), 20);
 }
@@ -152,7 +152,7 @@ fn gated(
 ) {
     let release = Arc::new(Semaphore::new(0));
     let calls = Arc::new(AtomicUsize::new(0));
-    let layer = AdaptiveLimitLayer::new(aimd).unwrap();
+    let layer = AdaptiveLimitLayer::try_new(aimd).unwrap();
     let limiter = layer.limiter().clone();
     let svc = {
         let release = release.clone();
@@ -279,7 +279,7 @@ async fn settles_near_the_upstreams_capacity() {
     let baseline = tokio::runtime::Handle::current()
         .metrics()
         .num_alive_tasks();
-    let layer = AdaptiveLimitLayer::new(Aimd::default().min_limit(1)).unwrap();
+    let layer = AdaptiveLimitLayer::try_new(Aimd::default().min_limit(1)).unwrap();
     let limiter = layer.limiter().clone();
     let at_server = Arc::new(AtomicUsize::new(0));
     let svc = {
@@ -367,7 +367,7 @@ fn capacity_upstream(
     Arc<AtomicUsize>,
     impl Service<Request<()>, Response = Response<()>, Error = Error, Future = impl Send> + Clone,
 ) {
-    let layer = AdaptiveLimitLayer::new(aimd).unwrap();
+    let layer = AdaptiveLimitLayer::try_new(aimd).unwrap();
     let limiter = layer.limiter().clone();
     let at_server = Arc::new(AtomicUsize::new(0));
     let rejected = Arc::new(AtomicUsize::new(0));

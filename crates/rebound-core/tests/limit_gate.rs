@@ -346,8 +346,8 @@ async fn dropping_a_waiting_request_sends_nothing() {
 
 #[tokio::test(start_paused = true)]
 async fn the_table_is_bounded() {
-    assert!(GateTable::new(0).unwrap_err().is_config());
-    let table = Arc::new(GateTable::new(2).unwrap());
+    assert!(GateTable::try_new(0).unwrap_err().is_config());
+    let table = Arc::new(GateTable::try_new(2).unwrap());
     let now = Instant::now();
     let uri = |h: &str| format!("http://{h}/").parse::<http::Uri>().unwrap();
     table.close(&uri("a.test"), now + Duration::from_secs(10));
@@ -388,7 +388,7 @@ async fn a_queued_request_gives_its_permit_back_while_the_gate_holds_it() {
     use rebound_core::limit::{ConcurrencyLimitLayer, ConcurrencyLimiter};
     use tokio::sync::Semaphore;
 
-    let limiter = Arc::new(ConcurrencyLimiter::new(1).unwrap());
+    let limiter = Arc::new(ConcurrencyLimiter::try_new(1).unwrap());
     let table = Arc::new(GateTable::default());
     let release = Arc::new(Semaphore::new(0));
     let calls = Calls::default();

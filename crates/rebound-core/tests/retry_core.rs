@@ -418,7 +418,7 @@ async fn a_retry_refused_for_the_body_costs_no_budget() {
         .otherwise(Reply::code(200));
     // No ratio, a floor of 1/s over 10 s: 10 retries in the window, paced
     // by a bucket of 1 (the floor accrues over time): one retry now.
-    let budget = Arc::new(RetryBudget::new(0.0, Duration::from_secs(10), 1).unwrap());
+    let budget = Arc::new(RetryBudget::try_new(0.0, Duration::from_secs(10), 1).unwrap());
     let policy = RetryPolicy::default().budget(budget.clone());
     let r = Request::get("http://test.example/")
         .body(OneCopy(Some(Bytes::from_static(b"stream")), true))
@@ -628,7 +628,7 @@ async fn budget_bounds_a_total_outage_at_defaults() {
 #[tokio::test(start_paused = true)]
 async fn budget_bound_holds_at_ratios_that_are_not_one_over_n() {
     for ratio in [0.1, 0.2, 0.6] {
-        let budget = Arc::new(RetryBudget::new(ratio, Duration::from_secs(10), 0).unwrap());
+        let budget = Arc::new(RetryBudget::try_new(ratio, Duration::from_secs(10), 0).unwrap());
         let policy = RetryPolicy::default()
             .max_attempts(3)
             .budget(budget.clone());
@@ -706,7 +706,7 @@ async fn one_request_cannot_take_the_whole_floor_at_once() {
 
 #[tokio::test(start_paused = true)]
 async fn budget_shared_across_layers() {
-    let budget = Arc::new(RetryBudget::new(0.1, Duration::from_secs(10), 0).unwrap());
+    let budget = Arc::new(RetryBudget::try_new(0.1, Duration::from_secs(10), 0).unwrap());
     let a = MockService::new().otherwise(Reply::code(503));
     let b = MockService::new().otherwise(Reply::code(503));
     let sa = stack_with(a.clone(), RetryPolicy::default().budget(budget.clone()));

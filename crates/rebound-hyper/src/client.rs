@@ -796,8 +796,8 @@ impl ClientBuilder {
     {
         let timeouts = self.timeouts();
         let total = timeouts.total;
-        let deadline = DeadlineLayer::new(total)?;
-        let attempt = AttemptTimeoutLayer::new(timeouts.attempt)?;
+        let deadline = DeadlineLayer::try_new(total)?;
+        let attempt = AttemptTimeoutLayer::try_new(timeouts.attempt)?;
         // Only user-set values can fail this: a default attempt timeout has
         // already shrunk to the total, and a default total grown to the
         // attempt timeout.
@@ -829,20 +829,20 @@ impl ClientBuilder {
         let retry = RetryLayer::try_new(policy)?;
 
         let retry_after = RetryAfterLayer::new()
-            .max_delay(self.retry_after_cap)?
+            .try_max_delay(self.retry_after_cap)?
             .over_cap(self.retry_after_over_cap);
 
         // "Off" is a pass-through configuration of the same layer, so the
         // client keeps one concrete type: a limit no one can reach.
         let concurrency = match (self.concurrency_shared, self.concurrency) {
             (Some(shared), _) => ConcurrencyLimitLayer::shared(shared),
-            (None, Some(max)) => ConcurrencyLimitLayer::new(max)?,
-            (None, None) => ConcurrencyLimitLayer::new(Semaphore::MAX_PERMITS)?,
+            (None, Some(max)) => ConcurrencyLimitLayer::try_new(max)?,
+            (None, None) => ConcurrencyLimitLayer::try_new(Semaphore::MAX_PERMITS)?,
         };
         let adaptive = match (self.adaptive_shared, self.adaptive) {
             (Some(shared), _) => AdaptiveLimitLayer::shared(shared),
-            (None, Some(aimd)) => AdaptiveLimitLayer::new(aimd)?,
-            (None, None) => AdaptiveLimitLayer::new(
+            (None, Some(aimd)) => AdaptiveLimitLayer::try_new(aimd)?,
+            (None, None) => AdaptiveLimitLayer::try_new(
                 Aimd::default()
                     .min_limit(Semaphore::MAX_PERMITS)
                     .initial_limit(Semaphore::MAX_PERMITS)

@@ -408,7 +408,7 @@ impl TransportBuilder {
             validate("HTTP/2 keep-alive timeout", self.h2_keep_alive_timeout)?;
         let mut body = BodyTimeouts::new();
         if let Some(idle) = self.body_idle_timeout {
-            body = body.idle(idle)?;
+            body = body.try_idle(idle)?;
         }
         if let Some(rate) = self.min_body_rate {
             body = body.min_rate(rate);
@@ -423,8 +423,8 @@ impl TransportBuilder {
             None => connect::tls_config(&self.roots, self.http2)?,
         };
         let connector = Connector::new(tcp, tls)
-            .connect_timeout(self.connect_timeout)?
-            .tls_timeout(self.tls_timeout)?;
+            .try_connect_timeout(self.connect_timeout)?
+            .try_tls_timeout(self.tls_timeout)?;
         let h2_seen = connector.h2_seen();
         if self.http2_prior_knowledge {
             // Every connection is HTTP/2, whatever ALPN said (or not).

@@ -13,7 +13,7 @@
 //!
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
 //! # async fn main() -> Result<(), rebound_core::Error> {
-//! let layer = AdaptiveLimitLayer::new(
+//! let layer = AdaptiveLimitLayer::try_new(
 //!     Aimd::default().min_limit(1).initial_limit(10).max_limit(100).backoff_ratio(0.5),
 //! )?;
 //! let limiter = layer.limiter().clone();
@@ -273,11 +273,22 @@ enum Outcome {
 impl AdaptiveLimiter {
     /// A limiter with the given settings.
     ///
+    /// # Panics
+    ///
+    /// On a value [`try_new`](Self::try_new) refuses, with a message that
+    /// names it; use `try_new` for values that come from configuration.
+    #[track_caller]
+    pub fn new(aimd: Aimd) -> Self {
+        crate::config::expect_valid("AdaptiveLimiter::new", Self::try_new(aimd))
+    }
+
+    /// A limiter with the given settings.
+    ///
     /// # Errors
     ///
     /// A [`Config`](ErrorKind::Config) error unless
     /// `1 <= min <= initial <= max` and the backoff ratio is in `[0.5, 1)`.
-    pub fn new(aimd: Aimd) -> Result<Self, Error> {
+    pub fn try_new(aimd: Aimd) -> Result<Self, Error> {
         aimd.validate()?;
         Ok(AdaptiveLimiter {
             semaphore: Arc::new(Semaphore::new(aimd.initial)),
@@ -551,11 +562,22 @@ pub struct AdaptiveLimitLayer {
 impl AdaptiveLimitLayer {
     /// A layer with a new limiter of the given settings.
     ///
+    /// # Panics
+    ///
+    /// On a value [`try_new`](Self::try_new) refuses, with a message that
+    /// names it; use `try_new` for values that come from configuration.
+    #[track_caller]
+    pub fn new(aimd: Aimd) -> Self {
+        crate::config::expect_valid("AdaptiveLimitLayer::new", Self::try_new(aimd))
+    }
+
+    /// A layer with a new limiter of the given settings.
+    ///
     /// # Errors
     ///
     /// See [`AdaptiveLimiter::new`].
-    pub fn new(aimd: Aimd) -> Result<Self, Error> {
-        Ok(Self::shared(Arc::new(AdaptiveLimiter::new(aimd)?)))
+    pub fn try_new(aimd: Aimd) -> Result<Self, Error> {
+        Ok(Self::shared(Arc::new(AdaptiveLimiter::try_new(aimd)?)))
     }
 
     /// A layer over a limiter shared with other layers or clients that talk
@@ -573,7 +595,7 @@ impl AdaptiveLimitLayer {
 impl Default for AdaptiveLimitLayer {
     /// A layer with the default [`Aimd`] settings.
     fn default() -> Self {
-        Self::new(Aimd::default()).expect("the default AIMD settings are valid")
+        Self::new(Aimd::default())
     }
 }
 

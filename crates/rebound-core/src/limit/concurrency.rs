@@ -19,7 +19,7 @@
 //!
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
 //! # async fn main() -> Result<(), rebound_core::Error> {
-//! let limiter = ConcurrencyLimiter::new(1)?.max_queue(10);
+//! let limiter = ConcurrencyLimiter::new(1).max_queue(10);
 //! let svc = ServiceBuilder::new()
 //!     .layer(ConcurrencyLimitLayer::with_limiter(limiter))
 //!     .service(service_fn(|_req: http::Request<()>| async {
@@ -119,11 +119,22 @@ pub struct ConcurrencyLimiter {
 impl ConcurrencyLimiter {
     /// A limiter with `max` permits and an unbounded queue.
     ///
+    /// # Panics
+    ///
+    /// On a value [`try_new`](Self::try_new) refuses, with a message that
+    /// names it; use `try_new` for values that come from configuration.
+    #[track_caller]
+    pub fn new(max: usize) -> Self {
+        crate::config::expect_valid("ConcurrencyLimiter::new", Self::try_new(max))
+    }
+
+    /// A limiter with `max` permits and an unbounded queue.
+    ///
     /// # Errors
     ///
     /// A [`Config`](ErrorKind::Config) error if `max` is zero (every request
     /// would wait forever) or larger than the semaphore can hold.
-    pub fn new(max: usize) -> Result<Self, Error> {
+    pub fn try_new(max: usize) -> Result<Self, Error> {
         if max == 0 {
             return Err(Error::config(
                 "concurrency limit must be at least 1 (0 would block every request)",
@@ -244,11 +255,22 @@ pub struct ConcurrencyLimitLayer {
 impl ConcurrencyLimitLayer {
     /// A limit of `max` requests in flight, with an unbounded queue.
     ///
+    /// # Panics
+    ///
+    /// On a value [`try_new`](Self::try_new) refuses, with a message that
+    /// names it; use `try_new` for values that come from configuration.
+    #[track_caller]
+    pub fn new(max: usize) -> Self {
+        crate::config::expect_valid("ConcurrencyLimitLayer::new", Self::try_new(max))
+    }
+
+    /// A limit of `max` requests in flight, with an unbounded queue.
+    ///
     /// # Errors
     ///
     /// See [`ConcurrencyLimiter::new`].
-    pub fn new(max: usize) -> Result<Self, Error> {
-        Ok(Self::with_limiter(ConcurrencyLimiter::new(max)?))
+    pub fn try_new(max: usize) -> Result<Self, Error> {
+        Ok(Self::with_limiter(ConcurrencyLimiter::try_new(max)?))
     }
 
     /// A layer over `limiter` (e.g. one with a [`max_queue`](ConcurrencyLimiter::max_queue)).

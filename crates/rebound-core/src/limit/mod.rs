@@ -24,12 +24,12 @@
 //!
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
 //! # async fn main() -> Result<(), rebound_core::Error> {
-//! let limit = ConcurrencyLimitLayer::new(64)?;
+//! let limit = ConcurrencyLimitLayer::new(64);
 //! let in_flight = limit.limiter().clone();
 //! let svc = ServiceBuilder::new()
 //!     .layer(limit)
 //!     // .layer(RetryLayer::new(..)) goes here, between the two limits
-//!     .layer(AdaptiveLimitLayer::new(Aimd::default())?)
+//!     .layer(AdaptiveLimitLayer::new(Aimd::default()))
 //!     .service(service_fn(|_req: http::Request<Full<Bytes>>| async {
 //!         Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from_static(b"hi"))))
 //!     }));

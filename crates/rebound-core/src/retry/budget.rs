@@ -62,7 +62,7 @@ const PPM: u64 = 1_000_000;
 ///
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() {
-/// let budget = RetryBudget::new(0.2, Duration::from_secs(10), 0).unwrap();
+/// let budget = RetryBudget::new(0.2, Duration::from_secs(10), 0);
 /// for _ in 0..10 {
 ///     budget.deposit();
 /// }
@@ -72,7 +72,7 @@ const PPM: u64 = 1_000_000;
 /// assert!(!budget.try_withdraw());
 ///
 /// // A quiet client: a floor of 5 retries per second, in a burst of 5.
-/// let quiet = RetryBudget::new(0.2, Duration::from_secs(10), 5).unwrap();
+/// let quiet = RetryBudget::new(0.2, Duration::from_secs(10), 5);
 /// quiet.deposit();
 /// assert_eq!(quiet.remaining(), 5);
 /// while quiet.try_withdraw() {}
@@ -200,11 +200,28 @@ impl RetryBudget {
     /// token bucket of `max(min_per_sec, 1)` tokens (see
     /// [`floor_burst`](Self::floor_burst)).
     ///
+    /// # Panics
+    ///
+    /// On a value [`try_new`](Self::try_new) refuses, with a message that
+    /// names it; use `try_new` for values that come from configuration.
+    #[track_caller]
+    pub fn new(ratio: f64, window: Duration, min_per_sec: u32) -> Self {
+        crate::config::expect_valid(
+            "RetryBudget::new",
+            Self::try_new(ratio, window, min_per_sec),
+        )
+    }
+
+    /// A budget allowing `ratio` retries per request over `window`, and at
+    /// least `min_per_sec` retries per second of the window, paced by a
+    /// token bucket of `max(min_per_sec, 1)` tokens (see
+    /// [`floor_burst`](Self::floor_burst)).
+    ///
     /// # Errors
     ///
     /// A configuration [`Error`] if `ratio` is not in `[0, 10]`, or `window`
     /// is not in `[100 ms, 1 h]`.
-    pub fn new(ratio: f64, window: Duration, min_per_sec: u32) -> Result<Self, Error> {
+    pub fn try_new(ratio: f64, window: Duration, min_per_sec: u32) -> Result<Self, Error> {
         if !(0.0..=10.0).contains(&ratio) {
             return Err(Error::config("RetryBudget: ratio must be in [0, 10]"));
         }
@@ -219,11 +236,26 @@ impl RetryBudget {
     /// The most retries the floor allows at once (the token bucket's size).
     /// Default: `min_per_sec` (one second's worth), at least 1.
     ///
+    /// # Panics
+    ///
+    /// On a value [`try_with_floor_burst`](Self::try_with_floor_burst) refuses, with a message that
+    /// names it; use `try_with_floor_burst` for values that come from configuration.
+    #[track_caller]
+    pub fn with_floor_burst(self, burst: u32) -> Self {
+        crate::config::expect_valid(
+            "RetryBudget::with_floor_burst",
+            self.try_with_floor_burst(burst),
+        )
+    }
+
+    /// The most retries the floor allows at once (the token bucket's size).
+    /// Default: `min_per_sec` (one second's worth), at least 1.
+    ///
     /// # Errors
     ///
     /// A configuration [`Error`] if `burst` is zero while the floor is not
     /// (the floor would never allow a retry).
-    pub fn with_floor_burst(mut self, burst: u32) -> Result<Self, Error> {
+    pub fn try_with_floor_burst(mut self, burst: u32) -> Result<Self, Error> {
         if burst == 0 && self.min_per_sec > 0 {
             return Err(Error::config(
                 "RetryBudget: floor_burst must be at least 1 when min_per_sec is not 0",
@@ -375,7 +407,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn ratio_bound_is_exact() {
         for (ratio, expected) in [(0.1, 100), (0.2, 200), (0.6, 600)] {
-            let budget = RetryBudget::new(ratio, Duration::from_secs(10), 0).unwrap();
+            let budget = RetryBudget::try_new(ratio, Duration::from_secs(10), 0).unwrap();
             for _ in 0..1000 {
                 budget.deposit();
             }
@@ -385,7 +417,7 @@ mod tests {
         }
         // Interleaved: never more than ratio × requests so far.
         for ratio in [0.1, 0.2, 0.6] {
-            let budget = RetryBudget::new(ratio, Duration::from_secs(10), 0).unwrap();
+            let budget = RetryBudget::try_new(ratio, Duration::from_secs(10), 0).unwrap();
             let mut retries = 0u64;
             for requests in 1..=1000u64 {
                 budget.deposit();
@@ -401,7 +433,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn floor_is_a_minimum_not_an_addition() {
-        let budget = RetryBudget::new(0.2, Duration::from_secs(10), 10).unwrap();
+        let budget = RetryBudget::try_new(0.2, Duration::from_secs(10), 10).unwrap();
         // Quiet client: the floor applies, paced: a burst of one second's
         // worth (10), not the whole window's 100 at once.
         budget.deposit();
@@ -416,7 +448,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn the_floor_accrues_over_time() {
-        let budget = RetryBudget::new(0.2, Duration::from_secs(10), 10).unwrap();
+        let budget = RetryBudget::try_new(0.2, Duration::from_secs(10), 10).unwrap();
         assert_eq!(budget.floor_burst(), 10);
         budget.deposit();
         // The burst at once, then nothing until tokens come back.
@@ -443,29 +475,29 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn the_floor_burst_is_configurable_and_checked() {
-        let budget = RetryBudget::new(0.0, Duration::from_secs(10), 10)
+        let budget = RetryBudget::try_new(0.0, Duration::from_secs(10), 10)
             .unwrap()
-            .with_floor_burst(3)
+            .try_with_floor_burst(3)
             .unwrap();
         budget.deposit();
         assert_eq!(budget.floor_burst(), 3);
         assert_eq!(drain(&budget), 3);
-        let err = RetryBudget::new(0.0, Duration::from_secs(10), 10)
+        let err = RetryBudget::try_new(0.0, Duration::from_secs(10), 10)
             .unwrap()
-            .with_floor_burst(0)
+            .try_with_floor_burst(0)
             .unwrap_err();
         assert!(err.is_config());
         assert!(err.to_string().contains("floor_burst"), "{err}");
         // No floor: a zero burst is fine (and means nothing).
-        assert!(RetryBudget::new(0.2, Duration::from_secs(10), 0)
+        assert!(RetryBudget::try_new(0.2, Duration::from_secs(10), 0)
             .unwrap()
-            .with_floor_burst(0)
+            .try_with_floor_burst(0)
             .is_ok());
     }
 
     #[tokio::test(start_paused = true)]
     async fn window_slides() {
-        let budget = RetryBudget::new(0.5, Duration::from_secs(10), 0).unwrap();
+        let budget = RetryBudget::try_new(0.5, Duration::from_secs(10), 0).unwrap();
         for _ in 0..100 {
             budget.deposit();
         }
@@ -490,7 +522,7 @@ mod tests {
     /// bound still holds exactly (retries are decided under the lock).
     #[test]
     fn concurrent_deposits_and_withdrawals_keep_the_bound() {
-        let budget = RetryBudget::new(0.2, Duration::from_secs(3600), 0).unwrap();
+        let budget = RetryBudget::try_new(0.2, Duration::from_secs(3600), 0).unwrap();
         let retries = std::sync::atomic::AtomicU64::new(0);
         std::thread::scope(|scope| {
             for _ in 0..4 {
@@ -513,11 +545,11 @@ mod tests {
 
     #[test]
     fn bad_config_is_an_error() {
-        assert!(RetryBudget::new(-0.1, Duration::from_secs(10), 1)
+        assert!(RetryBudget::try_new(-0.1, Duration::from_secs(10), 1)
             .unwrap_err()
             .is_config());
-        assert!(RetryBudget::new(f64::NAN, Duration::from_secs(10), 1).is_err());
-        assert!(RetryBudget::new(0.2, Duration::ZERO, 1).is_err());
-        assert!(RetryBudget::new(0.2, Duration::from_secs(7200), 1).is_err());
+        assert!(RetryBudget::try_new(f64::NAN, Duration::from_secs(10), 1).is_err());
+        assert!(RetryBudget::try_new(0.2, Duration::ZERO, 1).is_err());
+        assert!(RetryBudget::try_new(0.2, Duration::from_secs(7200), 1).is_err());
     }
 }

@@ -151,11 +151,6 @@ impl RetryPolicy {
         }
         Ok(())
     }
-
-    pub(super) fn normalized(mut self) -> Self {
-        self.max_attempts = self.max_attempts.clamp(1, MAX_ATTEMPTS);
-        self
-    }
 }
 
 #[cfg(test)]
@@ -194,12 +189,11 @@ mod tests {
             .is_config());
         assert!(RetryPolicy::default().max_attempts(101).validate().is_err());
         assert!(RetryPolicy::default().max_attempts(1).validate().is_ok());
-        assert_eq!(
-            RetryPolicy::default()
-                .max_attempts(0)
-                .normalized()
-                .max_attempts,
-            1
-        );
+    }
+
+    #[test]
+    #[should_panic(expected = "RetryLayer::new: invalid configuration")]
+    fn the_layer_refuses_zero_attempts_by_name() {
+        let _ = crate::retry::RetryLayer::new(RetryPolicy::default().max_attempts(0));
     }
 }
