@@ -49,7 +49,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let channel = Channel::from_shared(server.uri())?.connect_lazy();
     let stack = ServiceBuilder::new()
         .layer(IntoStatusLayer::new()) // rebound errors -> the right tonic::Status
-        .layer(DeadlineLayer::new(Duration::from_millis(500))?)
+        .layer(DeadlineLayer::new(Duration::from_millis(500)))
         .layer(MarkRetryableLayer::new(
             RetryableMethods::none().service("demo.Echo"),
         ))

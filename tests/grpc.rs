@@ -41,7 +41,7 @@ fn client(
 > {
     let stack = ServiceBuilder::new()
         .layer(IntoStatusLayer::new())
-        .layer(DeadlineLayer::new(total).unwrap())
+        .layer(DeadlineLayer::new(total))
         .layer(MarkRetryableLayer::new(
             RetryableMethods::none().service("test.Echo"),
         ))
@@ -301,7 +301,7 @@ async fn tonics_set_timeout_becomes_the_deadline_with_the_inbound_layer_on_top()
         let stack = ServiceBuilder::new()
             .layer(IntoStatusLayer::new())
             .layer(rebound::grpc::InboundDeadlineLayer::new())
-            .layer(DeadlineLayer::new(Duration::from_secs(10)).unwrap())
+            .layer(DeadlineLayer::new(Duration::from_secs(10)))
             .layer(MarkRetryableLayer::new(RetryableMethods::all()))
             .layer(RetryLayer::new(RetryPolicy::default().max_attempts(4)))
             .layer(PropagateDeadlineLayer::new())

@@ -34,7 +34,7 @@ async fn a_stream_failing_in_its_trailers_is_not_retried_and_is_traced() {
         let stack = ServiceBuilder::new()
             .layer(IntoStatusLayer::new())
             .layer(TraceLayer::new())
-            .layer(DeadlineLayer::new(Duration::from_secs(10)).unwrap())
+            .layer(DeadlineLayer::new(Duration::from_secs(10)))
             .layer(MarkRetryableLayer::new(RetryableMethods::all()))
             .layer(RetryLayer::new(RetryPolicy::default().max_attempts(4)))
             .layer(GrpcTrailersLayer::new())

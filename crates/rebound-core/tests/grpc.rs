@@ -83,7 +83,7 @@ async fn run(
 ) {
     let seen = Seen::default();
     let mut svc = ServiceBuilder::new()
-        .layer(DeadlineLayer::new(Duration::from_secs(1)).unwrap())
+        .layer(DeadlineLayer::new(Duration::from_secs(1)))
         .layer(MarkRetryableLayer::new(
             RetryableMethods::none().service("kv.Store"),
         ))

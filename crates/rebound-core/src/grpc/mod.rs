@@ -33,7 +33,7 @@
 //!     })
 //! };
 //! let mut client = ServiceBuilder::new()
-//!     .layer(DeadlineLayer::new(Duration::from_secs(2))?)
+//!     .layer(DeadlineLayer::new(Duration::from_secs(2)))
 //!     // gRPC calls are POSTs: say which methods are safe to retry.
 //!     .layer(MarkRetryableLayer::new(RetryableMethods::none().service("echo.Echo")))
 //!     .layer(RetryLayer::new(RetryPolicy::default()))
