@@ -616,7 +616,9 @@ impl Table {
                 let idle = slot
                     .buckets
                     .iter()
-                    .map(|b| epoch.wrapping_sub(unpack_bucket(b.load(Ordering::Relaxed)).0) & EPOCH_MASK)
+                    .map(|b| {
+                        epoch.wrapping_sub(unpack_bucket(b.load(Ordering::Relaxed)).0) & EPOCH_MASK
+                    })
                     .min()
                     .unwrap_or(0);
                 (true, idle)
@@ -748,10 +750,17 @@ impl Table {
     /// Open the circuit whose state word was `expected`.
     fn open(&self, slot: &Slot, expected: u64, now: u64, why: &'static str) {
         let breaks = slot.breaks.load(Ordering::Acquire);
-        let until = now.saturating_add(self.break_for(breaks)).min(u64::MAX >> 2);
+        let until = now
+            .saturating_add(self.break_for(breaks))
+            .min(u64::MAX >> 2);
         if slot
             .state
-            .compare_exchange(expected, (until << 2) | OPEN, Ordering::AcqRel, Ordering::Acquire)
+            .compare_exchange(
+                expected,
+                (until << 2) | OPEN,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
             .is_ok()
         {
             slot.breaks.fetch_add(1, Ordering::AcqRel);
@@ -1218,7 +1227,10 @@ mod tests {
                 c().break_growth(0.5, Duration::from_secs(60)),
                 "break_growth",
             ),
-            (c().break_growth(2.0, Duration::from_secs(1)), "break_growth"),
+            (
+                c().break_growth(2.0, Duration::from_secs(1)),
+                "break_growth",
+            ),
         ] {
             let err = CircuitBreakerLayer::try_new(cfg.clone()).unwrap_err();
             assert!(err.is_config(), "{err}");
@@ -1248,7 +1260,10 @@ mod tests {
     fn keys_by_authority() {
         let t = Table::new(&CircuitBreakerConfig::default());
         let k = |s: &str| t.key(&s.parse().unwrap());
-        assert_eq!(k("https://API.example/a?x=1"), k("https://api.example:443/b"));
+        assert_eq!(
+            k("https://API.example/a?x=1"),
+            k("https://api.example:443/b")
+        );
         assert_eq!(k("https://u:p@api.example/"), k("https://api.example/"));
         assert_ne!(k("https://api.example/"), k("http://api.example/"));
         assert_ne!(k("https://api.example/"), k("https://api.example:8443/"));

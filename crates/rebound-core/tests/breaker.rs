@@ -154,7 +154,10 @@ async fn open_error_is_not_sent_fatal_and_names_the_host_without_secrets() {
         "circuit open: may close in 3.5s for POST https://down.example/v1/items"
     );
     let shown = format!("{err} {err:?}");
-    assert!(!shown.contains("s3cret") && !shown.contains("pw"), "{shown}");
+    assert!(
+        !shown.contains("s3cret") && !shown.contains("pw"),
+        "{shown}"
+    );
     let ext = err.extensions();
     assert_eq!(ext.get::<Sent>(), Some(&Sent::NotSent));
     assert_eq!(
@@ -184,7 +187,10 @@ async fn fatal_4xx_never_open_it_and_429s_do() {
         assert_eq!(call(&svc, "notfound.example").await.unwrap().status(), 404);
         assert_eq!(call(&svc, "bad.example").await.unwrap().status(), 400);
     }
-    assert_eq!(breaker.state(&uri("notfound.example")), CircuitState::Closed);
+    assert_eq!(
+        breaker.state(&uri("notfound.example")),
+        CircuitState::Closed
+    );
     assert_eq!(breaker.state(&uri("bad.example")), CircuitState::Closed);
     assert_eq!(up.calls("notfound.example"), 100);
 
@@ -192,7 +198,10 @@ async fn fatal_4xx_never_open_it_and_429s_do() {
         call(&svc, "busy.example").await.unwrap();
     }
     assert_eq!(breaker.state(&uri("busy.example")), CircuitState::Open);
-    assert!(call(&svc, "busy.example").await.unwrap_err().is_circuit_open());
+    assert!(call(&svc, "busy.example")
+        .await
+        .unwrap_err()
+        .is_circuit_open());
 }
 
 #[tokio::test(start_paused = true)]
@@ -417,7 +426,10 @@ async fn the_table_is_bounded_and_keeps_open_circuits() {
     assert!(format!("{breaker:?}").contains("slots: 4"));
     // Closed circuits were evicted for new hosts, not the open one.
     assert_eq!(breaker.state(&uri("down.example")), CircuitState::Open);
-    assert!(call(&svc, "down.example").await.unwrap_err().is_circuit_open());
+    assert!(call(&svc, "down.example")
+        .await
+        .unwrap_err()
+        .is_circuit_open());
 }
 
 #[tokio::test(start_paused = true)]
