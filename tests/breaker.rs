@@ -82,10 +82,20 @@ async fn a_host_answering_503_opens_then_probes_then_closes_when_healthy() {
                 }
             }
             // The healthy host is unaffected.
-            assert_eq!(client.get(healthy.url("/").as_str()).await.unwrap().status(), 200);
+            assert_eq!(
+                client
+                    .get(healthy.url("/").as_str())
+                    .await
+                    .unwrap()
+                    .status(),
+                200
+            );
         }
         let opened_at = opened_at.expect("the circuit opened");
-        assert!(opened_at.elapsed() < BREAK, "100 fast failures took a whole break");
+        assert!(
+            opened_at.elapsed() < BREAK,
+            "100 fast failures took a whole break"
+        );
         assert_eq!(fast, 100 - MINIMUM);
         assert_eq!(down.request_count(), MINIMUM, "failed fast: never sent");
         assert_eq!(healthy.request_count(), 100);
@@ -98,7 +108,11 @@ async fn a_host_answering_503_opens_then_probes_then_closes_when_healthy() {
         assert_eq!(client.get(url.as_str()).await.unwrap().status(), 503);
         assert_eq!(down.request_count(), MINIMUM + 1, "one probe");
         assert_eq!(breaker.state(&uri), CircuitState::Open);
-        assert!(client.get(url.as_str()).await.unwrap_err().is_circuit_open());
+        assert!(client
+            .get(url.as_str())
+            .await
+            .unwrap_err()
+            .is_circuit_open());
         assert_eq!(down.request_count(), MINIMUM + 1);
 
         // Healthy again: the next probe closes it and calls succeed.

@@ -235,7 +235,11 @@ pub(crate) fn run(mode: Mode) -> Result<Checks, BoxError> {
                 fig.reached_down_outage as f64 / fig.offered_down_outage.max(1) as f64,
                 3,
             ),
-            if on { f(after_open, 3) } else { "—".to_owned() },
+            if on {
+                f(after_open, 3)
+            } else {
+                "—".to_owned()
+            },
             format!("{}/{}", fig.up_ok, fig.up_offered),
             f(recovered, 3),
             fig.first_success_after
@@ -256,14 +260,17 @@ pub(crate) fn run(mode: Mode) -> Result<Checks, BoxError> {
         if on {
             checks.check(
                 format!("{name}: opened during the outage"),
-                fig.opened.is_some_and(|t| t >= OUTAGE_START && t < OUTAGE_END),
+                fig.opened
+                    .is_some_and(|t| t >= OUTAGE_START && t < OUTAGE_END),
             );
             checks.check(
                 format!("{name}: after opening, requests reaching the failing host ≤ 5 % of those offered"),
                 after_open <= 0.05,
             );
             checks.check(
-                format!("{name}: ≥ 95 % of the pre-outage success rate from break + 1 s after recovery"),
+                format!(
+                    "{name}: ≥ 95 % of the pre-outage success rate from break + 1 s after recovery"
+                ),
                 recovered >= 0.95,
             );
         } else {

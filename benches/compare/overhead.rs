@@ -276,7 +276,10 @@ fn columns() -> Vec<Box<dyn Column>> {
             )),
         ),
         with_layer("rebound: RetryAfterGate alone", RetryAfterGateLayer::new()),
-        with_layer("rebound: CircuitBreaker alone", CircuitBreakerLayer::default()),
+        with_layer(
+            "rebound: CircuitBreaker alone",
+            CircuitBreakerLayer::default(),
+        ),
         with_layer("rebound: AdaptiveLimit alone", adaptive()),
         with_layer("rebound: RetryAfter alone", RetryAfterLayer::new()),
         with_layer(

@@ -1093,7 +1093,7 @@ where
 }
 
 pub mod future {
-    //! The response future of [`CircuitBreaker`](super::CircuitBreaker).
+    //! The response future of [`CircuitBreaker`].
 
     use super::*;
 

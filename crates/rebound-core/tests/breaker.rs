@@ -25,6 +25,9 @@ fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
 }
 
+/// A host whose next call waits until the sender is dropped.
+type Hold = (String, oneshot::Receiver<()>);
+
 /// A fake upstream: the status each host answers (200 unless set), and the
 /// calls each host received.
 #[derive(Clone, Default)]
@@ -32,7 +35,7 @@ struct Upstream {
     status: Arc<Mutex<HashMap<String, u16>>>,
     calls: Arc<Mutex<HashMap<String, u64>>>,
     /// When set, calls to this host wait for the sender to be dropped.
-    hold: Arc<Mutex<Option<(String, oneshot::Receiver<()>)>>>,
+    hold: Arc<Mutex<Option<Hold>>>,
 }
 
 impl Upstream {

@@ -111,7 +111,11 @@ async fn state_changes_are_info_events_and_metrics() {
             [
                 m(rebound_core::metrics::CIRCUIT_REJECTED, &[], 1),
                 m(rebound_core::metrics::CIRCUIT_TRANSITIONS, &["closed"], 1),
-                m(rebound_core::metrics::CIRCUIT_TRANSITIONS, &["half_open"], 1),
+                m(
+                    rebound_core::metrics::CIRCUIT_TRANSITIONS,
+                    &["half_open"],
+                    1
+                ),
                 m(rebound_core::metrics::CIRCUIT_TRANSITIONS, &["open"], 1),
             ]
         );
