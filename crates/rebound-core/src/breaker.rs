@@ -112,7 +112,8 @@
 //! While a circuit is open a call fails with its own kind,
 //! [`ErrorKind::CircuitOpen`], carrying [`Sent::NotSent`], a
 //! [`Verdict::Fatal`] (reason `circuit open`), a [`RetryAfterHint`] with the
-//! time left in the break and [`CircuitState::Open`]. The retry loop stops
+//! time left in the break (none when the break is over and the probes are
+//! in flight) and [`CircuitState::Open`]. The retry loop stops
 //! on a fatal verdict before it looks at its attempts or its budget, so
 //! the open circuit costs neither: a retryable verdict instead (it is not
 //! sent, so any method could be retried) would make the loop spin through
@@ -1048,7 +1049,9 @@ fn open_error<B>(req: &Request<B>, table: &Table, until: u64) -> Error {
     ext.insert(Verdict::Fatal {
         reason: Reason::new_static("circuit open"),
     });
-    ext.insert(RetryAfterHint(left));
+    if !left.is_zero() {
+        ext.insert(RetryAfterHint(left));
+    }
     ext.insert(CircuitState::Open);
     #[cfg(feature = "metrics")]
     crate::metrics::record_circuit_rejected();

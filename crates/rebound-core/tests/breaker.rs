@@ -295,6 +295,7 @@ async fn after_the_break_one_probe_goes_through_and_its_success_closes_it() {
             err.to_string(),
             "circuit open: probes in flight for GET https://x.example/v1/items"
         );
+        assert_eq!(err.extensions().get::<RetryAfterHint>(), None);
     }
     assert_eq!(up.calls("x.example"), 11);
     drop(tx);
