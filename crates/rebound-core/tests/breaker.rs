@@ -1,7 +1,9 @@
 //! `CircuitBreakerLayer` on the paused clock: what opens a circuit and what
 //! does not, the sliding window, the break, half-open probes (a dropped one
 //! frees its slot), per-host isolation, the bounded table, the error it
-//! fails with and the retry loop's answer to it.
+//! fails with and the retry loop's answer to it; concurrent calls when
+//! half-open (exactly the probes go through) and parallel calls on two
+//! threads over a small table (every call counted once).
 #![cfg(feature = "breaker")]
 
 use std::collections::HashMap;
@@ -462,4 +464,125 @@ async fn the_retry_loop_spends_no_attempt_or_budget_on_an_open_circuit() {
     }
     assert_eq!(up.calls("down.example"), calls);
     assert!(budget.remaining() >= left, "no retry was spent");
+}
+
+#[tokio::test(start_paused = true)]
+async fn concurrent_calls_when_half_open_let_exactly_the_probes_through() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let reached = Arc::new(AtomicU64::new(0));
+    let failing = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let release = Arc::new(tokio::sync::Semaphore::new(0));
+    let upstream = {
+        let (reached, failing, release) = (reached.clone(), failing.clone(), release.clone());
+        ServiceBuilder::new()
+            .layer(ClassifyLayer::new(HttpClassifier::default()))
+            .service(service_fn(move |_req: Request<Empty<Bytes>>| {
+                let (reached, failing, release) =
+                    (reached.clone(), failing.clone(), release.clone());
+                async move {
+                    reached.fetch_add(1, Ordering::SeqCst);
+                    let fail = failing.load(Ordering::SeqCst);
+                    if !fail {
+                        release.acquire().await.unwrap().forget();
+                    }
+                    let mut res = Response::new(Full::new(Bytes::new()));
+                    *res.status_mut() = if fail {
+                        StatusCode::SERVICE_UNAVAILABLE
+                    } else {
+                        StatusCode::OK
+                    };
+                    Ok::<_, Infallible>(res)
+                }
+            }))
+    };
+    let breaker = CircuitBreakerLayer::new(config().half_open_probes(3));
+    let svc: Svc = ServiceBuilder::new()
+        .layer(breaker.clone())
+        .service(upstream)
+        .boxed_clone();
+    for _ in 0..10 {
+        call(&svc, "x.example").await.unwrap();
+    }
+    tokio::time::advance(secs(5)).await;
+    failing.store(false, std::sync::atomic::Ordering::SeqCst);
+
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..50 {
+        tasks.spawn(call(&svc, "x.example"));
+    }
+    // Let every task reach the breaker.
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(reached.load(Ordering::SeqCst), 13, "exactly 3 probes");
+    release.add_permits(3);
+    let (mut ok, mut open) = (0, 0);
+    while let Some(out) = tasks.join_next().await {
+        match out.unwrap() {
+            Ok(res) => {
+                assert_eq!(res.status(), 200);
+                ok += 1;
+            }
+            Err(err) => {
+                assert!(err.is_circuit_open());
+                open += 1;
+            }
+        }
+    }
+    assert_eq!((ok, open), (3, 47));
+    assert_eq!(breaker.state(&uri("x.example")), CircuitState::Closed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_calls_over_a_small_table_count_every_call_once() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let reached = Arc::new(AtomicU64::new(0));
+    let upstream = {
+        let reached = reached.clone();
+        ServiceBuilder::new()
+            .layer(ClassifyLayer::new(HttpClassifier::default()))
+            .service(service_fn(move |req: Request<Empty<Bytes>>| {
+                reached.fetch_add(1, Ordering::Relaxed);
+                // Half the hosts fail everything.
+                let fail = req.uri().host().is_some_and(|h| h.len() % 2 == 0);
+                async move {
+                    let mut res = Response::new(Full::new(Bytes::new()));
+                    *res.status_mut() = if fail {
+                        StatusCode::BAD_GATEWAY
+                    } else {
+                        StatusCode::OK
+                    };
+                    Ok::<_, Infallible>(res)
+                }
+            }))
+    };
+    let breaker = CircuitBreakerLayer::new(config().max_circuits(8).break_duration(secs(600)));
+    let svc: Svc = ServiceBuilder::new()
+        .layer(breaker.clone())
+        .service(upstream)
+        .boxed_clone();
+    let mut tasks = tokio::task::JoinSet::new();
+    for t in 0..8 {
+        let svc = svc.clone();
+        tasks.spawn(async move {
+            let mut fast = 0u64;
+            for n in 0..2_000u64 {
+                let host = format!("{}.example", "h".repeat(1 + ((n + t) % 24) as usize));
+                match call(&svc, &host).await {
+                    Ok(_) => {}
+                    Err(err) => {
+                        assert!(err.is_circuit_open(), "{err}");
+                        fast += 1;
+                    }
+                }
+            }
+            fast
+        });
+    }
+    let mut fast = 0;
+    while let Some(n) = tasks.join_next().await {
+        fast += n.unwrap();
+    }
+    assert_eq!(reached.load(Ordering::Relaxed) + fast, 8 * 2_000);
+    assert!(fast > 0, "some failing host opened");
 }
