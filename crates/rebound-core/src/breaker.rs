@@ -183,6 +183,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::annotations::{CircuitState, Reason, RetryAfterHint, Sent, Verdict};
+use crate::config::validate_duration;
 use crate::error::{BoxError, Error, ErrorKind};
 use crate::redact::effective_port;
 
@@ -305,14 +306,14 @@ impl CircuitBreakerConfig {
         self
     }
 
-    /// The length of the sliding window, at least 1 ms. Default: 30 s.
+    /// The length of the sliding window, from 1 ms to a day. Default: 30 s.
     pub fn sampling_duration(mut self, d: Duration) -> Self {
         self.sampling_duration = d;
         self
     }
 
     /// How long the circuit stays open before probes are let through; not
-    /// zero. Default: 5 s.
+    /// zero, at most a day. Default: 5 s.
     pub fn break_duration(mut self, d: Duration) -> Self {
         self.break_duration = d;
         self
@@ -376,14 +377,21 @@ impl CircuitBreakerConfig {
                 self.minimum_throughput
             ));
         }
+        // The one duration rule (not zero, at most a day), plus a window
+        // long enough for its ten buckets.
+        validate_duration(
+            "CircuitBreakerConfig: sampling_duration",
+            self.sampling_duration,
+        )?;
         if self.sampling_duration < Duration::from_millis(1) {
             return bad(format!(
                 "sampling_duration must be at least 1ms, got {:?}",
                 self.sampling_duration
             ));
         }
-        if self.break_duration.is_zero() {
-            return bad("break_duration must not be zero".to_owned());
+        validate_duration("CircuitBreakerConfig: break_duration", self.break_duration)?;
+        if let Some(max) = self.max_break_duration {
+            validate_duration("CircuitBreakerConfig: break_growth max", max)?;
         }
         if !(self.break_growth >= 1.0 && self.break_growth.is_finite()) {
             return bad(format!(
@@ -1224,6 +1232,14 @@ mod tests {
             (c().minimum_throughput(0), "minimum_throughput"),
             (c().sampling_duration(Duration::ZERO), "sampling_duration"),
             (c().break_duration(Duration::ZERO), "break_duration"),
+            (
+                c().break_duration(Duration::from_secs(2 * 86_400)),
+                "break_duration",
+            ),
+            (
+                c().sampling_duration(Duration::from_micros(10)),
+                "sampling_duration",
+            ),
             (c().half_open_probes(0), "half_open_probes"),
             (c().max_circuits(0), "max_circuits"),
             (
