@@ -584,5 +584,10 @@ async fn parallel_calls_over_a_small_table_count_every_call_once() {
         fast += n.unwrap();
     }
     assert_eq!(reached.load(Ordering::Relaxed) + fast, 8 * 2_000);
-    assert!(fast > 0, "some failing host opened");
+    // Whether a failing host kept its slot long enough to open depends on
+    // the interleaving (24 hosts churn through 8 slots); alone, one does.
+    for _ in 0..10 {
+        let _ = call(&svc, "hh.example").await;
+    }
+    assert_eq!(breaker.state(&uri("hh.example")), CircuitState::Open);
 }
