@@ -183,7 +183,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::annotations::{CircuitState, Reason, RetryAfterHint, Sent, Verdict};
-use crate::config::validate_duration;
+use crate::config::{expect_valid, validate_duration};
 use crate::error::{BoxError, Error, ErrorKind};
 use crate::redact::effective_port;
 
@@ -935,11 +935,9 @@ impl CircuitBreakerLayer {
     /// If a value cannot work (see [`CircuitBreakerConfig::validate`]), with
     /// a message naming it. Use [`try_new`](Self::try_new) for values from
     /// configuration.
+    #[track_caller]
     pub fn new(config: CircuitBreakerConfig) -> Self {
-        match Self::try_new(config) {
-            Ok(layer) => layer,
-            Err(e) => panic!("{e}"),
-        }
+        expect_valid("CircuitBreakerLayer::new", Self::try_new(config))
     }
 
     /// A breaker with `config`, checked.
