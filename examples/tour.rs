@@ -8,8 +8,10 @@
 //! A [`FaultServer`] (plain TCP) and a second one speaking TLS misbehave on
 //! cue; the client goes through a 503 storm, a 429 with `Retry-After: 1`, a
 //! server that never answers, a stalled body, a TLS handshake that hangs,
-//! POSTs with and without an idempotency key, a refused connection, and an
-//! outage where the retry budget stops a retry storm. Every request carries
+//! POSTs with and without an idempotency key, a refused connection, an
+//! outage where the retry budget stops a retry storm, and a host whose
+//! circuit breaker opens, fails calls at once, and closes again after a
+//! probe. Every request carries
 //! a secret in its `Authorization` header, an `x-api-key` header, the query
 //! (`?api_key=`) and the URL's userinfo.
 //!
@@ -25,6 +27,7 @@ use std::time::Duration;
 
 use http::{Method, Request};
 use http_body_util::BodyExt;
+use rebound::breaker::{CircuitBreakerConfig, CircuitBreakerLayer};
 use rebound::{Attempts, Backoff, Body, Client, ClientBuilder, RetryBudget, RetryStop, TlsRoots};
 use rebound_test::capture::Capture;
 use rebound_test::fault::{refused_addr, Action, ConnectionAction, FaultServer};
@@ -235,6 +238,7 @@ async fn tour() {
         .route("/orders", [Action::status(503), Action::status(503)])
         .route("/payments", [Action::status(503)])
         .route("/down", std::iter::repeat_n(Action::status(503), 1000))
+        .route("/broken", std::iter::repeat_n(Action::status(503), 5))
         .default(Action::status(200).body("ok"))
         .start()
         .await;
@@ -353,9 +357,56 @@ async fn tour() {
             logs
         },
     });
-    let calls_made = 8 + calls.len();
     // Searched for the secret, though not printed.
-    let omitted: String = calls[2..].iter().map(|r| r.logs.as_str()).collect();
+    let mut omitted: String = calls[2..].iter().map(|r| r.logs.as_str()).collect();
+
+    // A host that answers 503 five times, then recovers, behind a circuit
+    // breaker tuned small (opens at 10 % of at least 5 attempts, 500 ms
+    // break; the client's default is 100 attempts in 30 s, 5 s) and one
+    // attempt per call, so that each call is one attempt.
+    let breaker = CircuitBreakerLayer::new(
+        CircuitBreakerConfig::default()
+            .minimum_throughput(5)
+            .break_duration(Duration::from_millis(500)),
+    );
+    let broken = client(builder(&roots).max_attempts(1).circuit_breaker(breaker));
+    for i in 0..10 {
+        t.run(
+            "breaker: GET /broken",
+            &broken,
+            request(Method::GET, &base, "/broken", &format!("tour-10.{i}")),
+        )
+        .await;
+    }
+    let tried = t.rows.split_off(t.rows.len() - 10);
+    let fast = tried.iter().filter(|r| r.outcome == "circuit open").count();
+    t.rows.push(Row {
+        title: "breaker: 10 GETs to a host answering 503",
+        attempts: tried.iter().map(|r| r.attempts).sum(),
+        delays: "-".to_owned(),
+        outcome: format!("{} x 503, {fast} x circuit open", 10 - fast),
+        stop: "fatal (open)".to_owned(),
+        elapsed: tried.iter().map(|r| r.elapsed).sum(),
+        logs: {
+            // Up to the first call failed at once; the others look like it.
+            let shown = (10 - fast + 1).min(10);
+            let mut logs: String = tried[..shown].iter().map(|r| r.logs.as_str()).collect();
+            let more: usize = tried[shown..].iter().map(|r| r.logs.lines().count()).sum();
+            if more > 0 {
+                logs.push_str(&format!("(... {more} more lines like the last one)\n"));
+            }
+            logs
+        },
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    t.run(
+        "breaker: after the break, a probe closes it",
+        &broken,
+        request(Method::GET, &base, "/broken", "tour-10.10"),
+    )
+    .await;
+    omitted.extend(tried.iter().map(|r| r.logs.as_str()));
+    let calls_made = 8 + calls.len() + tried.len() + 1;
 
     // ===== the table =====
     println!(

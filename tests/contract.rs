@@ -7,6 +7,7 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use http::{HeaderValue, Request, Response};
+use rebound::breaker::{CircuitBreakerConfig, CircuitBreakerLayer};
 use rebound::{
     AdaptiveLimitLayer, Aimd, AttemptTimeoutLayer, Backoff, BackoffLayer, ClassifyLayer,
     ConcurrencyLimitLayer, DeadlineLayer, HttpClassifier, RetryAfterLayer, RetryLayer, RetryPolicy,
@@ -27,6 +28,7 @@ async fn every_layer_composes_in_service_builder_with_towers_and_tower_https() {
             Duration::from_millis(1),
             Duration::from_millis(10),
         )))
+        .layer(CircuitBreakerLayer::new(CircuitBreakerConfig::default()))
         .layer(AdaptiveLimitLayer::new(Aimd::default()))
         .layer(RetryAfterLayer::new().max_delay(Duration::from_secs(2)))
         .layer(ClassifyLayer::new(HttpClassifier::default()))
@@ -48,6 +50,8 @@ fn try_new_returns_the_error_that_new_panics_with() {
         ConcurrencyLimitLayer::try_new(0).unwrap_err(),
         AdaptiveLimitLayer::try_new(Aimd::default().min_limit(0)).unwrap_err(),
         RetryLayer::try_new(RetryPolicy::default().max_attempts(0)).unwrap_err(),
+        CircuitBreakerLayer::try_new(CircuitBreakerConfig::default().failure_ratio(0.0))
+            .unwrap_err(),
     ] {
         assert!(err.is_config(), "{err}");
     }
@@ -71,4 +75,12 @@ fn concurrency_new_refuses_zero() {
 #[should_panic(expected = "AttemptTimeoutLayer::new: invalid configuration: attempt timeout")]
 fn attempt_timeout_new_names_its_argument() {
     let _ = AttemptTimeoutLayer::new(Duration::from_secs(2 * 24 * 60 * 60));
+}
+
+#[test]
+#[should_panic(
+    expected = "CircuitBreakerLayer::new: invalid configuration: CircuitBreakerConfig: failure_ratio must be in (0, 1], got 1.5"
+)]
+fn circuit_breaker_new_names_its_argument() {
+    let _ = CircuitBreakerLayer::new(CircuitBreakerConfig::default().failure_ratio(1.5));
 }

@@ -16,7 +16,8 @@
 //!
 //! Sections: `overhead` (in-process), `loopback` (a hyper server in a
 //! separate process on 127.0.0.1), `outage` (amplification under 503s and
-//! share of retries allowed at 1 % failure) and `herd` (jitter modes on the
+//! share of retries allowed at 1 % failure), `herd` (jitter modes on the
+//! paused clock) and `breaker` (one host down for 30 s, one healthy, on the
 //! paused clock). See BENCHMARKS.md for what each number means.
 //!
 //! The same executable is the loopback server: run with `--bench-server` it
@@ -28,6 +29,7 @@ use std::process::ExitCode;
 
 use stats_alloc::{StatsAlloc, INSTRUMENTED_SYSTEM};
 
+mod breaker;
 mod herd;
 mod loopback;
 mod outage;
@@ -75,7 +77,7 @@ impl Mode {
     }
 }
 
-const SECTIONS: [&str; 4] = ["overhead", "loopback", "outage", "herd"];
+const SECTIONS: [&str; 5] = ["overhead", "loopback", "outage", "herd", "breaker"];
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -121,11 +123,12 @@ fn main() -> ExitCode {
     let mut failures = Vec::new();
     let mut passed = 0;
     type Section = fn(Mode) -> Result<report::Checks, tower::BoxError>;
-    let sections: [(&str, Section); 4] = [
+    let sections: [(&str, Section); 5] = [
         ("overhead", overhead::run),
         ("loopback", loopback::run),
         ("outage", outage::run),
         ("herd", herd::run),
+        ("breaker", breaker::run),
     ];
     for (name, run) in sections {
         if !wanted(name) {

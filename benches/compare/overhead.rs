@@ -24,6 +24,7 @@ use http_body_util::{BodyExt as _, Empty, Full};
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom as _;
 use rand::SeedableRng as _;
+use rebound::breaker::CircuitBreakerLayer;
 use rebound::{
     deadline::DeadlineBody, limit::LimitBody, trace::TraceBody, AdaptiveLimitLayer, Aimd,
     AttemptTimeoutLayer, Backoff, BackoffLayer, CancelLayer, ClassifyLayer, CollectBodyLayer,
@@ -201,6 +202,7 @@ fn full_stack(inner: Bare) -> FullStack {
                 Duration::from_secs(10),
             )))
             .layer(RetryAfterGateLayer::new())
+            .layer(CircuitBreakerLayer::default())
             .layer(adaptive())
             .layer(RetryAfterLayer::new())
             .layer(ClassifyLayer::new(HttpClassifier::default()))
@@ -274,6 +276,10 @@ fn columns() -> Vec<Box<dyn Column>> {
             )),
         ),
         with_layer("rebound: RetryAfterGate alone", RetryAfterGateLayer::new()),
+        with_layer(
+            "rebound: CircuitBreaker alone",
+            CircuitBreakerLayer::default(),
+        ),
         with_layer("rebound: AdaptiveLimit alone", adaptive()),
         with_layer("rebound: RetryAfter alone", RetryAfterLayer::new()),
         with_layer(

@@ -13,7 +13,7 @@
 //!   loop stopped short of success, [`RetryStop`].
 //! * **State for observers** (read by the trace layers and metrics, written
 //!   by the layers that own it): [`BudgetLeft`], [`LimiterState`],
-//!   [`GateWait`].
+//!   [`GateWait`], [`CircuitState`].
 //!
 //! # Absence is the happy path
 //!
@@ -653,6 +653,39 @@ impl fmt::Debug for PermitLease {
         f.debug_struct("PermitLease")
             .field("held", &self.is_held())
             .finish()
+    }
+}
+
+/// The state of a circuit breaker's circuit (for one host, or one scope).
+///
+/// Put on the error of a request the breaker failed at once, and reported
+/// by the breaker's `state(&uri)`; the breaker's INFO events and, with the
+/// `metrics` feature, its transition counter name these states.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CircuitState {
+    /// Calls go through; outcomes are counted.
+    Closed,
+    /// Calls fail at once, not sent, until the break is over.
+    Open,
+    /// The break is over: a bounded number of probes go through; their
+    /// success closes the circuit, a failure opens it again.
+    HalfOpen,
+}
+
+impl CircuitState {
+    /// `"closed"`, `"open"` or `"half_open"`, for logs and metric labels.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            CircuitState::Closed => "closed",
+            CircuitState::Open => "open",
+            CircuitState::HalfOpen => "half_open",
+        }
+    }
+}
+
+impl fmt::Display for CircuitState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 

@@ -44,7 +44,7 @@
 //! | other timeouts, `Body` errors | `Retryable { sent: MaybeProcessed }` |
 //! | `Transport` errors whose `source()` chain holds an [`std::io::Error`] | connection refused: `NotSent`; reset, aborted, broken pipe, unexpected EOF, timed out: `MaybeProcessed` |
 //! | `Rejected` by tower's `LoadShed` below the classifier | `Retryable { sent: NotSent }` |
-//! | anything else (`Cancelled`, `Rejected`, `Throttled`, `Decode`, ...) | `Fatal` |
+//! | anything else (`Cancelled`, `Rejected`, `Throttled`, `CircuitOpen`, `Decode`, ...) | `Fatal` |
 //!
 //! Errors of other crates are recognised when they are converted
 //! ([`Error::from_boxed`], see [`crate::foreign`]): over a bare hyper-util
@@ -317,6 +317,9 @@ fn classify_error(err: &Error) -> Verdict {
         }
         ErrorKind::Rejected => return fatal("rejected"),
         ErrorKind::Throttled => return fatal("throttled"),
+        // Failed at once by a circuit breaker, never sent: retrying now
+        // would only meet the open circuit again (and spend the budget).
+        ErrorKind::CircuitOpen => return fatal("circuit open"),
         ErrorKind::Decode => return fatal("decode error"),
         ErrorKind::Status => return fatal("unexpected status"),
         ErrorKind::BodyTooLarge => return fatal("body too large"),

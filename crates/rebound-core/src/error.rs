@@ -111,6 +111,10 @@ pub enum ErrorKind {
     Rejected,
     /// A Retry-After gate refused the request: the server asked for a pause.
     Throttled,
+    /// A circuit breaker is open for the request's host (or scope): the
+    /// request was failed at once, **not sent**. The error names the host
+    /// and when the circuit may close (see `rebound_core::breaker`).
+    CircuitOpen,
     /// The request cannot be sent (again): its body cannot be replayed.
     NotReplayable,
     /// The request itself is invalid (bad URI, bad header value, ...).
@@ -137,6 +141,7 @@ impl ErrorKind {
             ErrorKind::Cancelled => "cancelled",
             ErrorKind::Rejected => "rejected",
             ErrorKind::Throttled => "throttled",
+            ErrorKind::CircuitOpen => "circuit_open",
             ErrorKind::NotReplayable => "not_replayable",
             ErrorKind::InvalidRequest => "invalid_request",
             ErrorKind::Config => "config",
@@ -158,6 +163,7 @@ impl fmt::Display for ErrorKind {
             ErrorKind::Cancelled => f.write_str("cancelled"),
             ErrorKind::Rejected => f.write_str("rejected by the concurrency limiter"),
             ErrorKind::Throttled => f.write_str("throttled: the server asked for a pause"),
+            ErrorKind::CircuitOpen => f.write_str("circuit open"),
             ErrorKind::NotReplayable => f.write_str("request body not replayable"),
             ErrorKind::InvalidRequest => f.write_str("invalid request"),
             ErrorKind::Config => f.write_str("invalid configuration"),
@@ -224,6 +230,14 @@ impl Error {
     /// (e.g. `"connection reset"`).
     pub fn with_detail(mut self, detail: &'static str) -> Self {
         self.inner.detail = Some(detail);
+        self
+    }
+
+    /// The same error with an owned, secret-free detail shown after the kind
+    /// (off the happy path only: it allocates).
+    #[allow(dead_code)] // used by the `breaker` feature
+    pub(crate) fn with_owned_detail(mut self, detail: String) -> Self {
+        self.inner.detail_owned = Some(detail);
         self
     }
 
@@ -333,6 +347,11 @@ impl Error {
     /// Whether a Retry-After gate refused the request.
     pub fn is_throttled(&self) -> bool {
         self.inner.kind == ErrorKind::Throttled
+    }
+
+    /// Whether a circuit breaker failed the request at once (not sent).
+    pub fn is_circuit_open(&self) -> bool {
+        self.inner.kind == ErrorKind::CircuitOpen
     }
 
     /// Whether this is a configuration error from building a layer or client.

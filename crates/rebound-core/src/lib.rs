@@ -13,6 +13,8 @@
 //!           IdempotencyKey   POST/PATCH get an Idempotency-Key once
 //!           Retry            the only loop: eligibility, budget, deadline
 //!           Backoff          proposes the delay for each retryable outcome
+//!           RetryAfterGate   holds requests to a host that asked for a pause
+//!           CircuitBreaker   fails calls to a failing host at once, not sent
 //!           AdaptiveLimit    per-attempt limit that shrinks on overload
 //!           RetryAfter       parses Retry-After / pushback into a hint
 //!           Classify         turns each attempt's outcome into a Verdict
@@ -89,6 +91,9 @@ pub mod collect;
 pub mod idempotency;
 
 // --- load control and cancellation ---
+#[cfg(feature = "breaker")]
+#[cfg_attr(docsrs, doc(cfg(feature = "breaker")))]
+pub mod breaker;
 #[cfg(feature = "cancel")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cancel")))]
 pub mod cancel;
@@ -115,9 +120,9 @@ pub mod trace;
 // as tower's are.
 
 pub use crate::annotations::{
-    Attempt, Attempts, BudgetLeft, CertificateRejected, Deadline, DelaySource, GateWait,
-    IdempotencyKey, Idempotent, LimiterState, PermitLease, PreviousAttempt, ProposedDelay, Reason,
-    RetryAfterHint, RetryStop, Sent, Verdict,
+    Attempt, Attempts, BudgetLeft, CertificateRejected, CircuitState, Deadline, DelaySource,
+    GateWait, IdempotencyKey, Idempotent, LimiterState, PermitLease, PreviousAttempt,
+    ProposedDelay, Reason, RetryAfterHint, RetryStop, Sent, Verdict,
 };
 pub use crate::body::{ReplayableBody, RetryBody};
 pub use crate::error::{BoxError, Error, ErrorKind, TimeoutStage};
@@ -126,6 +131,8 @@ pub use crate::error::{BoxError, Error, ErrorKind, TimeoutStage};
 pub use crate::attempt_timeout::AttemptTimeoutLayer;
 #[cfg(feature = "backoff")]
 pub use crate::backoff::{Backoff, BackoffLayer, Jitter};
+#[cfg(feature = "breaker")]
+pub use crate::breaker::{CircuitBreakerConfig, CircuitBreakerLayer};
 #[cfg(feature = "cancel")]
 pub use crate::cancel::{Cancel, CancelLayer};
 pub use crate::classify::{Classifier, ClassifyLayer, HttpClassifier};

@@ -18,6 +18,8 @@
 //! | [`LIMITER_QUEUE_LENGTH`] `rebound.client.limiter.queue_length` | gauge | {request} | limiter | the same |
 //! | [`GATE_WAITS`] `rebound.client.gate.waits` | counter | {request} | — | [`record_gate_wait`], or a [`GateWait`] annotation |
 //! | [`GATE_WAIT_DURATION`] `rebound.client.gate.wait.duration` | histogram | s | — | the same |
+//! | [`CIRCUIT_TRANSITIONS`] `rebound.client.circuit_breaker.transitions` | counter | {transition} | state | [`record_circuit_transition`], called by the circuit breaker |
+//! | [`CIRCUIT_REJECTED`] `rebound.client.circuit_breaker.rejected` | counter | {request} | — | [`record_circuit_rejected`], called by the circuit breaker |
 //!
 //! Labels (keys in the `LABEL_*` constants):
 //!
@@ -32,6 +34,8 @@
 //! * `rebound.stop`: why the loop stopped (`success`, `fatal`, `attempts`,
 //!   `budget`, `deadline`, ...);
 //! * `rebound.limiter`: the limiter's fixed name.
+//! * `rebound.circuit.state`: the state a circuit entered (`open`,
+//!   `half_open`, `closed`).
 //!
 //! **No label ever takes a URL, a host, a header value or a user id**: the
 //! host is left out on purpose (unbounded in a multi-tenant client); add it
@@ -66,7 +70,7 @@ use ::metrics::{
 };
 use http::{Method, StatusCode};
 
-pub use crate::annotations::{GateWait, LimiterState};
+pub use crate::annotations::{CircuitState, GateWait, LimiterState};
 
 /// Duration of a logical request, to the response head (seconds).
 pub const REQUEST_DURATION: &str = "http.client.request.duration";
@@ -88,6 +92,10 @@ pub const LIMITER_QUEUE_LENGTH: &str = "rebound.client.limiter.queue_length";
 pub const GATE_WAITS: &str = "rebound.client.gate.waits";
 /// How long requests were held by a Retry-After gate (seconds).
 pub const GATE_WAIT_DURATION: &str = "rebound.client.gate.wait.duration";
+/// Circuit state changes, by the state entered.
+pub const CIRCUIT_TRANSITIONS: &str = "rebound.client.circuit_breaker.transitions";
+/// Requests a circuit breaker failed at once (not sent).
+pub const CIRCUIT_REJECTED: &str = "rebound.client.circuit_breaker.rejected";
 
 /// Label: the request method (`_OTHER` for non-standard ones).
 pub const LABEL_METHOD: &str = "http.request.method";
@@ -103,6 +111,8 @@ pub const LABEL_DELAY_SOURCE: &str = "rebound.delay_source";
 pub const LABEL_STOP: &str = "rebound.stop";
 /// Label: a limiter's fixed name.
 pub const LABEL_LIMITER: &str = "rebound.limiter";
+/// Label: the state a circuit entered.
+pub const LABEL_CIRCUIT_STATE: &str = "rebound.circuit.state";
 
 /// Register the unit and description of every metric above with the
 /// installed recorder. Call once, after installing it.
@@ -157,6 +167,16 @@ pub fn describe() {
         Unit::Seconds,
         "Time requests were held by a Retry-After gate."
     );
+    describe_counter!(
+        CIRCUIT_TRANSITIONS,
+        Unit::Count,
+        "Circuit breaker state changes, by the state entered."
+    );
+    describe_counter!(
+        CIRCUIT_REJECTED,
+        Unit::Count,
+        "Requests a circuit breaker failed at once, not sent."
+    );
 }
 
 /// Record a limiter's state: its limit and queue length as gauges, labelled
@@ -173,6 +193,17 @@ pub fn record_limiter(state: &LimiterState) {
 pub fn record_gate_wait(wait: Duration) {
     counter!(GATE_WAITS).increment(1);
     histogram!(GATE_WAIT_DURATION).record(wait.as_secs_f64());
+}
+
+/// Record that a circuit entered `state`. Called by the circuit breaker on
+/// each state change (the host is not a label: see above).
+pub fn record_circuit_transition(state: CircuitState) {
+    counter!(CIRCUIT_TRANSITIONS, LABEL_CIRCUIT_STATE => state.as_str()).increment(1);
+}
+
+/// Record that a circuit breaker failed a request at once.
+pub fn record_circuit_rejected() {
+    counter!(CIRCUIT_REJECTED).increment(1);
 }
 
 /// The method as a label value: standard methods as themselves, anything

@@ -47,6 +47,7 @@
 //! | [`PropagateDeadlineLayer`] (only when configured) | the time left, per attempt, as `grpc-timeout` and / or a budget header | [`propagate_grpc_timeout`](ClientBuilder::propagate_grpc_timeout), [`deadline_header`](ClientBuilder::deadline_header) |
 //! | [`BackoffLayer`] | proposes the delay; Retry-After wins | [`backoff`](ClientBuilder::backoff) |
 //! | [`RetryAfterGateLayer`] (closing) | closes a host's gate on a 429 with Retry-After; holds retries | [`retry_after_gate`](ClientBuilder::retry_after_gate) (wait, fail fast, off), [`retry_after_gate_on_503`](ClientBuilder::retry_after_gate_on_503) |
+//! | [`CircuitBreakerLayer`] | per host: after 10 % failed attempts (of at least 100 in 30 s), fails calls at once, not sent, for 5 s, then probes (the defaults of .NET's standard resilience handler) | [`circuit_breaker`](ClientBuilder::circuit_breaker) (settings, sharing, or `None`: not in the stack at all) |
 //! | [`AdaptiveLimitLayer`] | attempts in flight; shrinks on 429/503/timeouts | [`adaptive_limit`](ClientBuilder::adaptive_limit) |
 //! | [`RetryAfterLayer`] | parses Retry-After / pushback into a hint | [`retry_after_cap`](ClientBuilder::retry_after_cap) |
 //! | [`ClassifyLayer`] | each attempt's [`Verdict`](rebound_core::Verdict) | [`classifier`](ClientBuilder::classifier) |
@@ -63,7 +64,8 @@
 //! A layer that is "off" stays in the stack configured as a pass-through
 //! (a limit no one reaches, an empty method set, a gate in
 //! [`GateMode::Off`] that costs one branch), so the client has one shape
-//! whatever its configuration.
+//! whatever its configuration; the circuit breaker, when off, is left out
+//! (an `Either` branch).
 //!
 //! # Faults stay with their host
 //!
@@ -116,6 +118,7 @@ use http::{Request, Response, Uri};
 use hyper::body::Incoming;
 use rebound_core::attempt_timeout::AttemptTimeoutLayer;
 use rebound_core::backoff::{Backoff, BackoffLayer};
+use rebound_core::breaker::CircuitBreakerLayer;
 use rebound_core::cancel::CancelLayer;
 use rebound_core::classify::{ClassifyLayer, HttpClassifier};
 use rebound_core::grpc::{MarkRetryableLayer, PropagateDeadlineLayer, RetryableMethods};
@@ -314,6 +317,8 @@ pub struct ClientBuilder {
     gate: GateMode,
     gate_503: bool,
     gate_table: Option<Arc<GateTable>>,
+    /// `None`: the default breaker, new per built client.
+    breaker: Option<Option<CircuitBreakerLayer>>,
     idempotency: bool,
     replay_cap: usize,
     max_response_body: usize,
@@ -346,6 +351,7 @@ impl Default for ClientBuilder {
             gate: GateMode::Wait,
             gate_503: false,
             gate_table: None,
+            breaker: None,
             idempotency: true,
             replay_cap: DEFAULT_REPLAY_BUFFER_CAP,
             max_response_body: DEFAULT_MAX_RESPONSE_BODY,
@@ -640,6 +646,21 @@ impl ClientBuilder {
         self
     }
 
+    /// The per-host circuit breaker, below the retry loop (it sees every
+    /// attempt): pass a [`CircuitBreakerLayer`] for other settings, or to
+    /// share one breaker (and read its
+    /// [`state`](CircuitBreakerLayer::state)) across clients; `None` takes
+    /// it out of the stack. While a host's circuit is open its calls fail
+    /// at once with a [`CircuitOpen`](ErrorKind::CircuitOpen) error, not
+    /// sent and not retried. Default: a new breaker per built client with
+    /// [`CircuitBreakerConfig::default`](rebound_core::breaker::CircuitBreakerConfig::default)
+    /// (opens at a 10 % failure ratio over at least 100 attempts in 30 s,
+    /// for 5 s).
+    pub fn circuit_breaker(mut self, breaker: impl Into<Option<CircuitBreakerLayer>>) -> Self {
+        self.breaker = Some(breaker.into());
+        self
+    }
+
     /// Add an `Idempotency-Key` (UUIDv4) to POST and PATCH requests that do
     /// not carry one, so that they may be retried. Default: `true`.
     pub fn idempotency_keys(mut self, enabled: bool) -> Self {
@@ -874,6 +895,11 @@ impl ClientBuilder {
 
         let backoff = BackoffLayer::try_new(backoff)?;
         let classify = ClassifyLayer::new(self.classifier);
+        // Off: not in the stack at all (the `Identity` side of an `Either`).
+        let breaker = tower::util::option_layer(
+            self.breaker
+                .unwrap_or_else(|| Some(CircuitBreakerLayer::default())),
+        );
         let trace = match self.path_redaction {
             Some(path) => self.trace.with_path_redaction(path),
             None => self.trace,
@@ -885,9 +911,9 @@ impl ClientBuilder {
         let propagate = option_layer(self.propagate);
 
         let attempts = AttemptStack::new(trace.attempt_layer().layer(propagate.layer(
-            backoff.layer(gate.layer(
+            backoff.layer(gate.layer(breaker.layer(
                 adaptive.layer(retry_after.layer(classify.layer(attempt.layer(transport.clone())))),
-            )),
+            ))),
         )));
         let stack = trace.layer(CancelLayer::new().layer(deadline.layer(
             hold.layer(concurrency.layer(idempotency.layer(mark.layer(retry.layer(attempts))))),
@@ -901,12 +927,11 @@ impl ClientBuilder {
                 .max_bytes(self.max_response_body)
                 .layer(attempt.layer(transport)),
         );
-        let collecting_attempts =
-            CollectingAttemptStack::new(trace.attempt_layer().layer(propagate.layer(
-                backoff.layer(
-                    gate.layer(adaptive.layer(retry_after.layer(classify.layer(collected)))),
-                ),
-            )));
+        let collecting_attempts = CollectingAttemptStack::new(trace.attempt_layer().layer(
+            propagate.layer(backoff.layer(gate.layer(
+                breaker.layer(adaptive.layer(retry_after.layer(classify.layer(collected)))),
+            ))),
+        ));
         let collecting = trace.layer(CancelLayer::new().layer(deadline.layer(hold.layer(
             concurrency.layer(idempotency.layer(mark.layer(retry.layer(collecting_attempts)))),
         ))));
