@@ -10,10 +10,11 @@
 //!   timeout) and grows back while it succeeds. It sits below the
 //!   retry layer and above the classifier.
 //!
-//! Both wait for their slot **inside the response future**, never in
-//! `poll_ready` (which passes through): the wait is FIFO, bounded by the
+//! By default both wait for their slot **inside the response future**, not
+//! in `poll_ready` (which passes through): the wait is FIFO, bounded by the
 //! request's [`Deadline`](crate::annotations::Deadline), and dropping the
-//! future leaves the queue at once.
+//! future leaves the queue at once (DESIGN.md §7). Backpressure that tower
+//! can see is an option (below).
 //!
 //! ```
 //! use std::convert::Infallible;
@@ -39,6 +40,64 @@
 //! let body = res.into_body().collect().await.unwrap().to_bytes();
 //! assert_eq!(body, "hi");
 //! assert_eq!(in_flight.in_flight(), 0); // released at end of stream
+//! # Ok(())
+//! # }
+//! ```
+
+//!
+//! # Backpressure
+//!
+//! With `.backpressure(true)` ([`ConcurrencyLimitLayer::backpressure`],
+//! [`AdaptiveLimitLayer::backpressure`]) a limit reports "no capacity" from
+//! `poll_ready`, in the shape of tower's `ConcurrencyLimit`: `poll_ready`
+//! reserves the permit (returning `Pending`, with the waker in the
+//! semaphore's FIFO queue, while none is free), the service keeps it, and
+//! `call` moves it into the response future. So tower's `LoadShed` above
+//! sheds instead of queueing, and a `Buffer` above stops taking requests.
+//!
+//! * What stays: the concurrency limit's permit is held until the response
+//!   body ends ([`LimitBody`]); the adaptive limit's slot until the response
+//!   head, and its outcome feeds the limit; a request whose `poll_ready`
+//!   had to wait carries its permit down as a
+//!   [`PermitLease`](crate::annotations::PermitLease) and shows the
+//!   limiter's state, as one that queued in the future does.
+//! * What changes: a wait in `poll_ready` knows no request, so no
+//!   [`Deadline`](crate::annotations::Deadline) bounds it and
+//!   [`max_queue`](ConcurrencyLimiter::max_queue) does not count it (bound
+//!   it with the caller's timeout, or shed with `LoadShed`); dropping the
+//!   service (or the `ready()` future) leaves the queue and gives a reserved
+//!   permit back.
+//! * Clones of the service start without a permit (each reserves its own).
+//!   A `call` that comes without a reserved permit is not a panic: it falls
+//!   back to the default, waiting in the response future.
+//!
+//! A free permit is still taken without allocating or locking.
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use bytes::Bytes;
+//! use http_body_util::Full;
+//! use rebound_core::limit::ConcurrencyLimitLayer;
+//! use tower::load_shed::{error::Overloaded, LoadShedLayer};
+//! use tower::{service_fn, ServiceBuilder, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), tower::BoxError> {
+//! let svc = ServiceBuilder::new()
+//!     .layer(LoadShedLayer::new())
+//!     .layer(ConcurrencyLimitLayer::new(1).backpressure(true))
+//!     .service(service_fn(|_req: http::Request<()>| async {
+//!         Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from_static(b"hi"))))
+//!     }));
+//!
+//! // The first response holds the only permit while its body is unread...
+//! let first = svc.clone().oneshot(http::Request::new(())).await?;
+//! // ...so the next request is shed at once instead of queueing.
+//! let err = svc.clone().oneshot(http::Request::new(())).await.unwrap_err();
+//! assert!(err.is::<Overloaded>());
+//!
+//! drop(first); // the permit comes back
+//! svc.oneshot(http::Request::new(())).await?;
 //! # Ok(())
 //! # }
 //! ```
