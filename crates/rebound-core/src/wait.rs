@@ -46,6 +46,11 @@ pub(crate) trait Wait: Unpin {
     /// what the wait yielded (e.g. to record the limiter's state once the
     /// request is on its way). Default: nothing.
     fn called(&mut self, _held: &mut Self::Held) {}
+
+    /// What the request is doing while it waits, for `Debug`.
+    fn name(&self) -> &'static str {
+        "waiting"
+    }
 }
 
 pin_project! {
@@ -104,7 +109,7 @@ where
     /// The name of the state, for `Debug`.
     pub(crate) fn state_name(&self) -> &'static str {
         match self {
-            WaitThenCall::Waiting { .. } => "waiting",
+            WaitThenCall::Waiting { wait, .. } => wait.name(),
             WaitThenCall::Called { .. } => "called",
             WaitThenCall::Failed { .. } => "failed",
         }

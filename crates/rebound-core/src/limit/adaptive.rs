@@ -769,6 +769,10 @@ struct Queued {
 impl Wait for Queued {
     type Held = (Slot, bool);
 
+    fn name(&self) -> &'static str {
+        "queued"
+    }
+
     fn poll_wait<B>(
         &mut self,
         cx: &mut Context<'_>,

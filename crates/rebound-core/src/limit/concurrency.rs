@@ -549,6 +549,10 @@ struct Queued {
 impl Wait for Queued {
     type Held = Held;
 
+    fn name(&self) -> &'static str {
+        "queued"
+    }
+
     fn poll_wait<B>(
         &mut self,
         cx: &mut Context<'_>,
