@@ -687,7 +687,10 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        let (mut out, ()) = ready!(this.inner.poll(cx))?;
+        let (mut out, ()) = match ready!(this.inner.poll(cx)) {
+            Ok(called) => called,
+            Err(waited) => return Poll::Ready(Err(waited)),
+        };
         if let Some(since) = *this.held_since {
             // For the trace layers and metrics: how long the gate held
             // this request.

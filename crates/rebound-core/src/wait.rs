@@ -84,6 +84,7 @@ where
     W: Wait,
 {
     /// The happy path: already called, keeping `held`.
+    #[inline(always)]
     pub(crate) fn called(fut: S::Future, held: W::Held) -> Self {
         WaitThenCall::Called {
             fut,
@@ -127,6 +128,11 @@ where
     /// and what the wait yielded.
     type Output = Result<(Result<S::Response, Error>, W::Held), Error>;
 
+    // Always inlined into the layer's own `poll`: on the happy path this is
+    // one match and the inner future's poll, as the hand-written futures
+    // were (also in unoptimised builds, which the benchmark's quick mode
+    // measures).
+    #[inline(always)]
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         loop {
             match self.as_mut().project() {
@@ -151,8 +157,13 @@ where
                     });
                 }
                 WaitThenCallProj::Called { fut, held } => {
-                    let out = ready!(fut.poll(cx)).map_err(|e| Error::from_boxed(e.into()));
-                    let held = held.take().expect("polled after completion");
+                    let out = match ready!(fut.poll(cx)) {
+                        Ok(res) => Ok(res),
+                        Err(e) => Err(Error::from_boxed(e.into())),
+                    };
+                    let Some(held) = held.take() else {
+                        panic!("polled after completion")
+                    };
                     return Poll::Ready(Ok((out, held)));
                 }
                 WaitThenCallProj::Failed { error } => {

@@ -728,14 +728,13 @@ where
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         // A slot reserved by a backpressure `poll_ready`, else a free one
         // (happy path); a `call` that finds neither waits in the future.
-        let free = self
-            .reserved
-            .take()
-            .map(|permit| (permit, mem::take(&mut self.waited)))
-            .or_else(|| {
-                let permit = self.limiter.semaphore.clone().try_acquire_owned().ok()?;
-                Some((permit, false))
-            });
+        let free = match self.reserved.take() {
+            Some(permit) => Some((permit, mem::take(&mut self.waited))),
+            None => match self.limiter.semaphore.clone().try_acquire_owned() {
+                Ok(permit) => Some((permit, false)),
+                Err(_) => None,
+            },
+        };
         let inner = match free {
             Some((permit, queued)) => WaitThenCall::called(
                 self.inner.call(req),
@@ -846,7 +845,10 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        let (result, (slot, queued)) = ready!(this.inner.poll(cx))?;
+        let (result, (slot, queued)) = match ready!(this.inner.poll(cx)) {
+            Ok(called) => called,
+            Err(waited) => return Poll::Ready(Err(waited)),
+        };
         // Off the happy path only (queued, or an overload that moved the
         // limit): the outcome shows the limiter state.
         let show = |outcome: Outcome| queued || outcome == Outcome::Overload;

@@ -425,14 +425,14 @@ where
             let held = if mem::take(&mut self.waited) {
                 let lease = lend(&self.limiter, permit, &mut req);
                 let fut = self.inner.call(req);
-                Held {
+                let held = Held {
                     permit: None,
                     lease: Some(lease),
                     observed: Some(self.limiter.state()),
-                }
-                .with(fut)
+                };
+                WaitThenCall::called(fut, held)
             } else {
-                Held::at_once(permit).with(self.inner.call(req))
+                WaitThenCall::called(self.inner.call(req), Held::at_once(permit))
             };
             return ResponseFuture { inner: held };
         }
@@ -441,7 +441,7 @@ where
         let inner = match self.limiter.semaphore.clone().try_acquire_owned() {
             // Happy path: a free permit (the semaphore hands released permits
             // to waiters first, so this never jumps the queue).
-            Ok(permit) => Held::at_once(permit).with(self.inner.call(req)),
+            Ok(permit) => WaitThenCall::called(self.inner.call(req), Held::at_once(permit)),
             Err(TryAcquireError::NoPermits) => match self.limiter.enter_queue() {
                 Some(slot) => {
                     let wait = Queued {
@@ -528,13 +528,6 @@ impl Held {
             observed: None,
         }
     }
-
-    fn with<S, R>(self, fut: S::Future) -> WaitThenCall<Queued, S, R>
-    where
-        S: Service<R>,
-    {
-        WaitThenCall::called(fut, self)
-    }
 }
 
 /// The wait of a request that found no free permit: its place in the FIFO
@@ -614,13 +607,16 @@ where
     type Output = Result<Response<LimitBody<ResB>>, Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let (out, mut held) = ready!(self.project().inner.poll(cx))?;
+        let (out, mut held) = match ready!(self.project().inner.poll(cx)) {
+            Ok(called) => called,
+            Err(waited) => return Poll::Ready(Err(waited)),
+        };
         // A lent permit comes back to the request: the body holds it from
         // here (later clones of the lease hold nothing).
-        let permit = held
-            .permit
-            .take()
-            .or_else(|| held.lease.take().and_then(|l| l.0.take()));
+        let permit = match held.permit.take() {
+            Some(permit) => Some(permit),
+            None => held.lease.take().and_then(|l| l.0.take()),
+        };
         Poll::Ready(match out {
             Ok(mut res) => {
                 if let Some(state) = held.observed.take() {
