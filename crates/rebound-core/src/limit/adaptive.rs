@@ -128,7 +128,6 @@
 
 use std::fmt;
 use std::future::Future;
-use std::mem;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -137,11 +136,10 @@ use std::task::{ready, Context, Poll};
 use http::{Request, Response, StatusCode};
 use pin_project_lite::pin_project;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio_util::sync::PollSemaphore;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::{wait_permit, WaitPermit};
+use super::{wait_permit, Reservation, WaitPermit};
 use crate::annotations::{Deadline, LimiterState, Reason, Verdict};
 use crate::error::{BoxError, Error, ErrorKind, TimeoutStage};
 use crate::wait::{take_ready, Wait, WaitThenCall};
@@ -639,29 +637,12 @@ impl<S> Layer<S> for AdaptiveLimitLayer {
 /// Clones share the same [`AdaptiveLimiter`]. A clone starts without the
 /// slot a [backpressure](AdaptiveLimitLayer::backpressure) `poll_ready`
 /// may have reserved: it reserves its own.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct AdaptiveLimit<S> {
     inner: S,
     limiter: Arc<AdaptiveLimiter>,
-    /// With backpressure: the semaphore `poll_ready` waits on.
-    poll: Option<PollSemaphore>,
-    /// The permit `poll_ready` reserved for the next `call`.
-    reserved: Option<OwnedSemaphorePermit>,
-    /// Whether `poll_ready` had to wait for `reserved` (then the outcome
-    /// shows the limiter's state, as for an attempt that queued).
-    waited: bool,
-}
-
-impl<S: Clone> Clone for AdaptiveLimit<S> {
-    fn clone(&self) -> Self {
-        AdaptiveLimit {
-            inner: self.inner.clone(),
-            limiter: self.limiter.clone(),
-            poll: self.poll.clone(),
-            reserved: None,
-            waited: false,
-        }
-    }
+    /// With backpressure: the permit `poll_ready` reserves for `call`.
+    reservation: Reservation,
 }
 
 impl<S> AdaptiveLimit<S> {
@@ -670,16 +651,13 @@ impl<S> AdaptiveLimit<S> {
         AdaptiveLimit {
             inner,
             limiter,
-            poll: None,
-            reserved: None,
-            waited: false,
+            reservation: Reservation::off(),
         }
     }
 
     /// See [`AdaptiveLimitLayer::backpressure`].
     pub fn backpressure(mut self, enabled: bool) -> Self {
-        self.poll = enabled.then(|| PollSemaphore::new(self.limiter.semaphore.clone()));
-        self.reserved = None;
+        self.reservation = Reservation::new(&self.limiter.semaphore, enabled);
         self
     }
 
@@ -707,19 +685,7 @@ where
         // With backpressure: reserve a slot first (FIFO; the waker is
         // registered in the semaphore's queue). A decrease takes only free
         // permits, so a reserved slot is one the limit still allows.
-        if let Some(poll) = &mut self.poll {
-            if self.reserved.is_none() {
-                match poll.poll_acquire(cx) {
-                    // `None` only if the semaphore closed (rebound never
-                    // closes it); `call` then waits as the default does.
-                    Poll::Ready(permit) => self.reserved = permit,
-                    Poll::Pending => {
-                        self.waited = true;
-                        return Poll::Pending;
-                    }
-                }
-            }
-        }
+        ready!(self.reservation.poll_reserve(cx));
         self.inner
             .poll_ready(cx)
             .map_err(|e| Error::from_boxed(e.into()))
@@ -728,8 +694,8 @@ where
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         // A slot reserved by a backpressure `poll_ready`, else a free one
         // (happy path); a `call` that finds neither waits in the future.
-        let free = match self.reserved.take() {
-            Some(permit) => Some((permit, mem::take(&mut self.waited))),
+        let free = match self.reservation.take() {
+            Some(reserved) => Some(reserved),
             None => match self.limiter.semaphore.clone().try_acquire_owned() {
                 Ok(permit) => Some((permit, false)),
                 Err(_) => None,

@@ -85,7 +85,6 @@
 
 use std::fmt;
 use std::future::Future;
-use std::mem;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -95,11 +94,10 @@ use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
-use tokio_util::sync::PollSemaphore;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::{wait_permit, WaitPermit};
+use super::{wait_permit, Reservation, WaitPermit};
 use crate::annotations::{Deadline, LimiterState, PermitLease, Reason, Verdict};
 use crate::error::{BoxError, Error, ErrorKind, TimeoutStage};
 use crate::wait::{take_ready, Wait, WaitThenCall};
@@ -330,30 +328,12 @@ impl<S> Layer<S> for ConcurrencyLimitLayer {
 /// Clones share the same [`ConcurrencyLimiter`]. A clone starts without
 /// the permit a [backpressure](ConcurrencyLimitLayer::backpressure)
 /// `poll_ready` may have reserved: it reserves its own.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct ConcurrencyLimit<S> {
     inner: S,
     limiter: Arc<ConcurrencyLimiter>,
-    /// With backpressure: the semaphore `poll_ready` waits on.
-    poll: Option<PollSemaphore>,
-    /// The permit `poll_ready` reserved for the next `call`.
-    reserved: Option<OwnedSemaphorePermit>,
-    /// Whether `poll_ready` had to wait for `reserved` (then the request
-    /// carries it as a lease and shows the limiter's state, as a request
-    /// that queued in the response future does).
-    waited: bool,
-}
-
-impl<S: Clone> Clone for ConcurrencyLimit<S> {
-    fn clone(&self) -> Self {
-        ConcurrencyLimit {
-            inner: self.inner.clone(),
-            limiter: self.limiter.clone(),
-            poll: self.poll.clone(),
-            reserved: None,
-            waited: false,
-        }
-    }
+    /// With backpressure: the permit `poll_ready` reserves for `call`.
+    reservation: Reservation,
 }
 
 impl<S> ConcurrencyLimit<S> {
@@ -362,16 +342,13 @@ impl<S> ConcurrencyLimit<S> {
         ConcurrencyLimit {
             inner,
             limiter,
-            poll: None,
-            reserved: None,
-            waited: false,
+            reservation: Reservation::off(),
         }
     }
 
     /// See [`ConcurrencyLimitLayer::backpressure`].
     pub fn backpressure(mut self, enabled: bool) -> Self {
-        self.poll = enabled.then(|| PollSemaphore::new(self.limiter.semaphore.clone()));
-        self.reserved = None;
+        self.reservation = Reservation::new(&self.limiter.semaphore, enabled);
         self
     }
 
@@ -401,28 +378,16 @@ where
         // future, where the deadline bounds it and dropping cancels it.
         // With backpressure: reserve a permit first (FIFO; the waker is
         // registered in the semaphore's queue), as tower's limit does.
-        if let Some(poll) = &mut self.poll {
-            if self.reserved.is_none() {
-                match poll.poll_acquire(cx) {
-                    // `None` only if the semaphore closed (rebound never
-                    // closes it); `call` then fails as the default does.
-                    Poll::Ready(permit) => self.reserved = permit,
-                    Poll::Pending => {
-                        self.waited = true;
-                        return Poll::Pending;
-                    }
-                }
-            }
-        }
+        ready!(self.reservation.poll_reserve(cx));
         self.inner
             .poll_ready(cx)
             .map_err(|e| Error::from_boxed(e.into()))
     }
 
     fn call(&mut self, mut req: Request<ReqB>) -> Self::Future {
-        if let Some(permit) = self.reserved.take() {
+        if let Some((permit, waited)) = self.reservation.take() {
             // Backpressure: the permit reserved by `poll_ready`.
-            let held = if mem::take(&mut self.waited) {
+            let held = if waited {
                 let lease = lend(&self.limiter, permit, &mut req);
                 let fut = self.inner.call(req);
                 let held = Held {

@@ -113,9 +113,11 @@ pub use self::concurrency::{
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
+use tokio_util::sync::PollSemaphore;
 
 /// The slow path of both limits: wait in the semaphore's FIFO queue for one
 /// permit, until `deadline` at the latest. Resolves to `None` when the
@@ -139,4 +141,72 @@ fn wait_permit(semaphore: Arc<Semaphore>, deadline: Option<Instant>) -> WaitPerm
             None => acquire.await.ok(),
         }
     })
+}
+
+/// The backpressure half of both limits: a permit that `poll_ready`
+/// reserves for the next `call`, in the shape of tower's `ConcurrencyLimit`.
+///
+/// Off (the default), it is one branch in `poll_ready` and `call`. On, it
+/// waits with a [`PollSemaphore`] (FIFO, the waker in the semaphore's
+/// queue; no allocation while a permit is free). Cloning gives a
+/// reservation without a permit: each clone of a service reserves its own.
+#[derive(Debug)]
+struct Reservation {
+    poll: Option<PollSemaphore>,
+    reserved: Option<OwnedSemaphorePermit>,
+    /// Whether the reservation had to wait (then the request is treated as
+    /// one that queued: it lends its permit and shows the limiter's state).
+    waited: bool,
+}
+
+impl Reservation {
+    /// Backpressure off: `poll_ready` passes through.
+    fn off() -> Self {
+        Reservation {
+            poll: None,
+            reserved: None,
+            waited: false,
+        }
+    }
+
+    /// Backpressure on `semaphore` if `enabled`.
+    fn new(semaphore: &Arc<Semaphore>, enabled: bool) -> Self {
+        Reservation {
+            poll: enabled.then(|| PollSemaphore::new(semaphore.clone())),
+            ..Self::off()
+        }
+    }
+
+    /// `Ready` once a permit is reserved, or at once with backpressure off.
+    /// A closed semaphore (rebound never closes it) reserves nothing, so
+    /// `call` takes the default path.
+    fn poll_reserve(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if let Some(poll) = &mut self.poll {
+            if self.reserved.is_none() {
+                match poll.poll_acquire(cx) {
+                    Poll::Ready(permit) => self.reserved = permit,
+                    Poll::Pending => {
+                        self.waited = true;
+                        return Poll::Pending;
+                    }
+                }
+            }
+        }
+        Poll::Ready(())
+    }
+
+    /// The reserved permit, and whether reserving it had to wait.
+    fn take(&mut self) -> Option<(OwnedSemaphorePermit, bool)> {
+        let permit = self.reserved.take()?;
+        Some((permit, std::mem::take(&mut self.waited)))
+    }
+}
+
+impl Clone for Reservation {
+    fn clone(&self) -> Self {
+        Reservation {
+            poll: self.poll.clone(),
+            ..Self::off()
+        }
+    }
 }
