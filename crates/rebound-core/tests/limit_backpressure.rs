@@ -212,3 +212,43 @@ async fn call_without_poll_ready_waits_in_the_future() {
     drop(res);
     assert_eq!(limiter.in_flight(), 0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_request_whose_poll_ready_waited_lends_its_permit_and_shows_the_state() {
+    use rebound_core::annotations::{LimiterState, PermitLease};
+    // As a request that queued in the future: the permit goes down as a
+    // lease (so a gate below can give it back) and the outcome shows the
+    // limiter's state; one that found a free permit carries neither.
+    let layer = ConcurrencyLimitLayer::new(1).backpressure(true);
+    let limiter = layer.limiter().clone();
+    let mut svc = layer.layer(service_fn(|req: Request<()>| async move {
+        let lent = req.extensions().get::<PermitLease>().is_some();
+        let mut res = Response::new(Full::new(Bytes::from_static(b"body")));
+        res.extensions_mut().insert(lent);
+        Ok::<_, Infallible>(res)
+    }));
+    let mut other = svc.clone();
+
+    svc.ready().await.unwrap();
+    let first = svc.call(req()).await.unwrap();
+    assert_eq!(first.extensions().get::<bool>(), Some(&false));
+    assert!(first.extensions().get::<LimiterState>().is_none());
+
+    let mut waiter = task::spawn(poll_fn(|cx| other.poll_ready(cx)));
+    assert_pending!(waiter.poll());
+    drop(first);
+    assert!(waiter.is_woken());
+    assert_ready!(waiter.poll()).unwrap();
+    drop(waiter);
+    let second = other.call(req()).await.unwrap();
+    assert_eq!(second.extensions().get::<bool>(), Some(&true));
+    let state = second.extensions().get::<LimiterState>().unwrap();
+    assert_eq!(
+        (state.limiter, state.limit, state.in_flight),
+        ("concurrency", 1, 1)
+    );
+    // The body holds the permit, as usual.
+    assert_eq!(limiter.in_flight(), 1);
+    drop(second);
+    assert_eq!(limiter.in_flight(), 0);
+}
