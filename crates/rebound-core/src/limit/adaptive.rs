@@ -694,28 +694,21 @@ where
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         // A slot reserved by a backpressure `poll_ready`, else a free one
         // (happy path); a `call` that finds neither waits in the future.
-        let free = match self.reservation.take() {
-            Some(reserved) => Some(reserved),
-            None => match self.limiter.semaphore.clone().try_acquire_owned() {
-                Ok(permit) => Some((permit, false)),
-                Err(_) => None,
-            },
-        };
-        let inner = match free {
-            Some((permit, queued)) => WaitThenCall::called(
-                self.inner.call(req),
-                (Slot::new(permit, &self.limiter), queued),
-            ),
-            None => {
-                let wait = Queued {
-                    wait: wait_permit(
-                        self.limiter.semaphore.clone(),
-                        Deadline::of(req.extensions()),
-                    ),
-                    queue: Some(QueueSlot::enter(&self.limiter)),
-                };
-                WaitThenCall::waiting(wait, take_ready(&mut self.inner), req)
-            }
+        let inner = if let Some((permit, waited)) = self.reservation.take() {
+            let slot = Slot::new(permit, &self.limiter);
+            WaitThenCall::called(self.inner.call(req), (slot, waited))
+        } else if let Ok(permit) = self.limiter.semaphore.clone().try_acquire_owned() {
+            let slot = Slot::new(permit, &self.limiter);
+            WaitThenCall::called(self.inner.call(req), (slot, false))
+        } else {
+            let wait = Queued {
+                wait: wait_permit(
+                    self.limiter.semaphore.clone(),
+                    Deadline::of(req.extensions()),
+                ),
+                queue: Some(QueueSlot::enter(&self.limiter)),
+            };
+            WaitThenCall::waiting(wait, take_ready(&mut self.inner), req)
         };
         ResponseFuture {
             inner,

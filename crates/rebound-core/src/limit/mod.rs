@@ -180,6 +180,9 @@ impl Reservation {
     /// `Ready` once a permit is reserved, or at once with backpressure off.
     /// A closed semaphore (rebound never closes it) reserves nothing, so
     /// `call` takes the default path.
+    // Inlined (also in unoptimised builds) so that backpressure off costs
+    // the branch and nothing else.
+    #[inline(always)]
     fn poll_reserve(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         if let Some(poll) = &mut self.poll {
             if self.reserved.is_none() {
@@ -196,6 +199,7 @@ impl Reservation {
     }
 
     /// The reserved permit, and whether reserving it had to wait.
+    #[inline(always)]
     fn take(&mut self) -> Option<(OwnedSemaphorePermit, bool)> {
         let permit = self.reserved.take()?;
         Some((permit, std::mem::take(&mut self.waited)))
