@@ -128,7 +128,6 @@ use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::hash::{BuildHasher, Hash, Hasher};
-use std::mem;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -143,6 +142,7 @@ use tower_service::Service;
 use crate::annotations::{Deadline, GateWait, PermitLease, Reason, RetryAfterHint, Verdict};
 use crate::error::{BoxError, Error, ErrorKind, TimeoutStage};
 use crate::redact::effective_port;
+use crate::wait::{take_ready, Wait, WaitThenCall};
 
 /// What a request does when its authority's gate is closed.
 ///
@@ -496,9 +496,7 @@ where
         let config = self.config;
         if config.mode == GateMode::Off {
             return ResponseFuture {
-                state: State::Called {
-                    fut: self.inner.call(req),
-                },
+                inner: WaitThenCall::called(self.inner.call(req), ()),
                 key: None,
                 close_429: false,
                 close_503: false,
@@ -513,31 +511,25 @@ where
         let closed = match key {
             Some(key) if !self.table.is_empty() => {
                 let now = Instant::now();
-                self.table.check(key, now).map(|until| (until, now))
+                self.table.check(key, now).map(|until| (until, now, key))
             }
             _ => None,
         };
-        let held_since = closed.map(|(_, now)| now);
-        let state = match closed {
-            None => State::Called {
-                fut: self.inner.call(req),
-            },
-            Some((until, now)) => match config.mode {
-                GateMode::FailFast | GateMode::Off => State::Failed {
-                    error: Some(throttled(&req, until, now, None)),
-                },
+        let held_since = closed.map(|(_, now, _)| now);
+        let inner = match closed {
+            None => WaitThenCall::called(self.inner.call(req), ()),
+            Some((until, now, key)) => match config.mode {
+                GateMode::FailFast | GateMode::Off => {
+                    WaitThenCall::failed(throttled(&req, until, now, None))
+                }
                 GateMode::Wait => match Deadline::of(req.extensions()) {
-                    Some(deadline) if deadline < until => State::Failed {
-                        error: Some(throttled(
-                            &req,
-                            until,
-                            now,
-                            Some("the deadline comes before the pause ends"),
-                        )),
-                    },
+                    Some(deadline) if deadline < until => WaitThenCall::failed(throttled(
+                        &req,
+                        until,
+                        now,
+                        Some("the deadline comes before the pause ends"),
+                    )),
                     _ => {
-                        let clone = self.inner.clone();
-                        let svc = mem::replace(&mut self.inner, clone);
                         // A client-wide permit lent by a limit above (the
                         // request queued for it while this gate closed) goes
                         // back while the request waits for this host.
@@ -545,18 +537,19 @@ where
                         if let Some(lease) = &lease {
                             lease.release();
                         }
-                        State::Waiting {
+                        let wait = Held::Sleeping {
                             sleep: Box::pin(tokio::time::sleep_until(until)),
-                            svc: Some(svc),
-                            req: Some(req),
                             lease,
-                        }
+                            table: self.table.clone(),
+                            key,
+                        };
+                        WaitThenCall::waiting(wait, take_ready(&mut self.inner), req)
                     }
                 },
             },
         };
         ResponseFuture {
-            state,
+            inner,
             // The key goes up only when some use of it remains: to re-check
             // a gate after a wait, or to close one.
             key,
@@ -570,6 +563,85 @@ where
 
 // === impl ResponseFuture ===
 
+/// The wait of a request held at a closed gate: sleep until the gate opens
+/// (again, if the pause was extended meanwhile), then take back a
+/// client-wide permit it gave back while it waited.
+enum Held {
+    Sleeping {
+        sleep: Pin<Box<Sleep>>,
+        // A client-wide permit given back while waiting.
+        lease: Option<PermitLease>,
+        table: Arc<GateTable>,
+        key: u64,
+    },
+    Reacquiring {
+        wait: Pin<Box<dyn Future<Output = bool> + Send>>,
+    },
+}
+
+impl Wait for Held {
+    type Held = ();
+
+    fn poll_wait<B>(
+        &mut self,
+        cx: &mut Context<'_>,
+        req: &mut Request<B>,
+    ) -> Poll<Result<(), Error>> {
+        loop {
+            match self {
+                Held::Sleeping {
+                    sleep,
+                    lease,
+                    table,
+                    key,
+                } => {
+                    ready!(sleep.as_mut().poll(cx));
+                    let now = Instant::now();
+                    // The pause may have been extended while we slept.
+                    if let Some(until) = table.check(*key, now) {
+                        if Deadline::of(req.extensions()).is_some_and(|d| d < until) {
+                            return Poll::Ready(Err(throttled(
+                                req,
+                                until,
+                                now,
+                                Some("the deadline comes before the pause ends"),
+                            )));
+                        }
+                        sleep.as_mut().reset(until);
+                        continue;
+                    }
+                    let Some(lease) = lease.take() else {
+                        return Poll::Ready(Ok(()));
+                    };
+                    // Take the lent permit again (FIFO, bounded by the
+                    // deadline) before the request goes on.
+                    let wait = lease.reacquire(Deadline::of(req.extensions()));
+                    *self = Held::Reacquiring { wait };
+                }
+                Held::Reacquiring { wait } => {
+                    if ready!(wait.as_mut().poll(cx)) {
+                        return Poll::Ready(Ok(()));
+                    }
+                    let mut error = Error::timeout(TimeoutStage::Deadline)
+                        .with_detail("while waiting for a concurrency permit after a gate")
+                        .with_request(req.method(), req.uri());
+                    error.extensions_mut().insert(Verdict::Fatal {
+                        reason: Reason::new_static("deadline passed while queued"),
+                    });
+                    return Poll::Ready(Err(error));
+                }
+            }
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Held::Sleeping { .. } => "waiting",
+            Held::Reacquiring { .. } => "reacquiring",
+        }
+    }
+}
+
 pin_project! {
     /// The response future of [`RetryAfterGate`]: waits for a closed gate
     /// to open, calls the inner service, and closes the gate when the
@@ -580,7 +652,7 @@ pin_project! {
         S: Service<R>,
     {
         #[pin]
-        state: State<S, R>,
+        inner: WaitThenCall<Held, S, R>,
         // The authority's key, when this gate closes gates or had to look
         // one up.
         key: Option<u64>,
@@ -595,47 +667,13 @@ pin_project! {
     }
 }
 
-pin_project! {
-    #[project = StateProj]
-    enum State<S, R>
-    where
-        S: Service<R>,
-    {
-        Waiting {
-            sleep: Pin<Box<Sleep>>,
-            svc: Option<S>,
-            req: Option<R>,
-            // A client-wide permit given back while waiting.
-            lease: Option<PermitLease>,
-        },
-        Reacquiring {
-            wait: Pin<Box<dyn Future<Output = bool> + Send>>,
-            svc: Option<S>,
-            req: Option<R>,
-        },
-        Called {
-            #[pin]
-            fut: S::Future,
-        },
-        Failed {
-            error: Option<Error>,
-        },
-    }
-}
-
 impl<S, R> fmt::Debug for ResponseFuture<S, R>
 where
     S: Service<R>,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = match &self.state {
-            State::Waiting { .. } => "waiting",
-            State::Reacquiring { .. } => "reacquiring",
-            State::Called { .. } => "called",
-            State::Failed { .. } => "failed",
-        };
         f.debug_struct("ResponseFuture")
-            .field("state", &state)
+            .field("state", &self.inner.state_name())
             .finish()
     }
 }
@@ -647,122 +685,45 @@ where
 {
     type Output = Result<Response<ResB>, Error>;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        loop {
-            let this = self.as_mut().project();
-            match this.state.project() {
-                StateProj::Waiting {
-                    sleep,
-                    svc,
-                    req,
-                    lease,
-                } => {
-                    ready!(sleep.as_mut().poll(cx));
-                    let now = Instant::now();
-                    // The pause may have been extended while we slept.
-                    let extended = match (this.table.as_ref(), *this.key) {
-                        (Some(table), Some(key)) => table.check(key, now),
-                        _ => None,
-                    };
-                    if let Some(until) = extended {
-                        let r = req.as_ref().expect("polled after completion");
-                        if Deadline::of(r.extensions()).is_some_and(|d| d < until) {
-                            let error = throttled(
-                                r,
-                                until,
-                                now,
-                                Some("the deadline comes before the pause ends"),
-                            );
-                            self.as_mut()
-                                .project()
-                                .state
-                                .set(State::Failed { error: None });
-                            return Poll::Ready(Err(error));
-                        }
-                        sleep.as_mut().reset(until);
-                        continue;
-                    }
-                    let req = req.take().expect("polled after completion");
-                    let svc = svc.take().expect("polled after completion");
-                    match lease.take() {
-                        Some(lease) => {
-                            // Take the lent permit again (FIFO, bounded by
-                            // the deadline) before the request goes on.
-                            let wait = lease.reacquire(Deadline::of(req.extensions()));
-                            self.as_mut().project().state.set(State::Reacquiring {
-                                wait,
-                                svc: Some(svc),
-                                req: Some(req),
-                            });
-                        }
-                        None => {
-                            let mut svc = svc;
-                            let fut = svc.call(req);
-                            self.as_mut().project().state.set(State::Called { fut });
-                        }
-                    }
-                }
-                StateProj::Reacquiring { wait, svc, req } => {
-                    let held = ready!(wait.as_mut().poll(cx));
-                    let req = req.take().expect("polled after completion");
-                    if !held {
-                        let mut error = Error::timeout(TimeoutStage::Deadline)
-                            .with_detail("while waiting for a concurrency permit after a gate")
-                            .with_request(req.method(), req.uri());
-                        error.extensions_mut().insert(Verdict::Fatal {
-                            reason: Reason::new_static("deadline passed while queued"),
-                        });
-                        self.as_mut()
-                            .project()
-                            .state
-                            .set(State::Failed { error: None });
-                        return Poll::Ready(Err(error));
-                    }
-                    let mut svc = svc.take().expect("polled after completion");
-                    let fut = svc.call(req);
-                    self.as_mut().project().state.set(State::Called { fut });
-                }
-                StateProj::Called { fut } => {
-                    let mut out = ready!(fut.poll(cx)).map_err(|e| Error::from_boxed(e.into()));
-                    if let Some(since) = *this.held_since {
-                        // For the trace layers and metrics: how long the
-                        // gate held this request.
-                        let wait = GateWait(since.elapsed());
-                        match &mut out {
-                            Ok(res) => res.extensions_mut().insert(wait),
-                            Err(err) => err.extensions_mut().insert(wait),
-                        };
-                    }
-                    let res = out?;
-                    let closes = match res.status() {
-                        StatusCode::TOO_MANY_REQUESTS => *this.close_429,
-                        StatusCode::SERVICE_UNAVAILABLE => *this.close_503,
-                        _ => false,
-                    };
-                    let target = match (this.table.as_ref(), *this.key) {
-                        (Some(table), Some(key)) if closes => Some((table, key)),
-                        _ => None,
-                    };
-                    if let Some((table, key)) = target {
-                        if let Some(RetryAfterHint(pause)) = res.extensions().get() {
-                            // A hint too large for the clock is "no hint".
-                            let until = Instant::now().checked_add(*pause);
-                            if let (false, Some(until)) = (pause.is_zero(), until) {
-                                table.close_key(key, until);
-                                tracing::debug!(
-                                    status = res.status().as_u16(),
-                                    pause_ms = pause.as_millis() as u64,
-                                    "retry-after gate closed"
-                                );
-                            }
-                        }
-                    }
-                    return Poll::Ready(Ok(res));
-                }
-                StateProj::Failed { error } => {
-                    return Poll::Ready(Err(error.take().expect("polled after completion")));
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let (mut out, ()) = match ready!(this.inner.poll(cx)) {
+            Ok(called) => called,
+            Err(waited) => return Poll::Ready(Err(waited)),
+        };
+        if let Some(since) = *this.held_since {
+            // For the trace layers and metrics: how long the gate held
+            // this request.
+            let wait = GateWait(since.elapsed());
+            match &mut out {
+                Ok(res) => res.extensions_mut().insert(wait),
+                Err(err) => err.extensions_mut().insert(wait),
+            };
+        }
+        let res = out?;
+        let closes = match res.status() {
+            StatusCode::TOO_MANY_REQUESTS => *this.close_429,
+            StatusCode::SERVICE_UNAVAILABLE => *this.close_503,
+            _ => false,
+        };
+        let target = match (this.table.as_ref(), *this.key) {
+            (Some(table), Some(key)) if closes => Some((table, key)),
+            _ => None,
+        };
+        if let Some((table, key)) = target {
+            if let Some(RetryAfterHint(pause)) = res.extensions().get() {
+                // A hint too large for the clock is "no hint".
+                let until = Instant::now().checked_add(*pause);
+                if let (false, Some(until)) = (pause.is_zero(), until) {
+                    table.close_key(key, until);
+                    tracing::debug!(
+                        status = res.status().as_u16(),
+                        pause_ms = pause.as_millis() as u64,
+                        "retry-after gate closed"
+                    );
                 }
             }
         }
+        Poll::Ready(Ok(res))
     }
 }

@@ -103,6 +103,8 @@ pub mod gate;
 #[cfg(feature = "limit")]
 #[cfg_attr(docsrs, doc(cfg(feature = "limit")))]
 pub mod limit;
+#[cfg(any(feature = "limit", feature = "retry-after"))]
+mod wait;
 
 // --- observability ---
 #[cfg(feature = "metrics")]

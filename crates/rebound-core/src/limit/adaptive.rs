@@ -85,7 +85,9 @@
 //! overload, not a success (tower-resilience counts only `Err`).
 //!
 //! The slot is taken in the response future (FIFO, bounded by the
-//! [`Deadline`], left at once when the future is dropped) and released when
+//! [`Deadline`], left at once when the future is dropped), or with
+//! [`AdaptiveLimitLayer::backpressure`] reserved in `poll_ready` (see the
+//! [`limit` module docs](super#backpressure)), and released when
 //! the **response head** arrives: the limit is about attempts, and its
 //! signal (the status) comes with the head. Holding it through the body
 //! would make the limit measure how fast the caller reads, and a retry
@@ -126,7 +128,6 @@
 
 use std::fmt;
 use std::future::Future;
-use std::mem;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -138,9 +139,10 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::{wait_permit, WaitPermit};
+use super::{wait_permit, Reservation, WaitPermit};
 use crate::annotations::{Deadline, LimiterState, Reason, Verdict};
 use crate::error::{BoxError, Error, ErrorKind, TimeoutStage};
+use crate::wait::{take_ready, Wait, WaitThenCall};
 
 /// How many windows of successes it takes to grow back onto the limit at
 /// which the upstream was last overloaded.
@@ -549,7 +551,9 @@ impl Drop for QueueSlot {
 
 /// Limits attempts in flight with a limit that shrinks on overload (AIMD).
 ///
-/// See the [module docs](self) for an example.
+/// See the [module docs](self) for an example, and
+/// [`backpressure`](Self::backpressure) for a limit that `poll_ready`
+/// reports.
 ///
 /// # Clone
 ///
@@ -557,6 +561,7 @@ impl Drop for QueueSlot {
 #[derive(Clone, Debug)]
 pub struct AdaptiveLimitLayer {
     limiter: Arc<AdaptiveLimiter>,
+    backpressure: bool,
 }
 
 impl AdaptiveLimitLayer {
@@ -583,7 +588,21 @@ impl AdaptiveLimitLayer {
     /// A layer over a limiter shared with other layers or clients that talk
     /// to the same upstream.
     pub fn shared(limiter: Arc<AdaptiveLimiter>) -> Self {
-        AdaptiveLimitLayer { limiter }
+        AdaptiveLimitLayer {
+            limiter,
+            backpressure: false,
+        }
+    }
+
+    /// Whether the service reports "no slot free" from `poll_ready`
+    /// (`true`), reserving the slot there as tower's `ConcurrencyLimit`
+    /// does, so that tower's `LoadShed` above it sheds. Default is `false`:
+    /// `poll_ready` passes through and attempts wait for their slot in the
+    /// response future, bounded by their deadline. See the
+    /// [`limit` module docs](super#backpressure).
+    pub fn backpressure(mut self, enabled: bool) -> Self {
+        self.backpressure = enabled;
+        self
     }
 
     /// The limiter, to observe or to share.
@@ -603,10 +622,7 @@ impl<S> Layer<S> for AdaptiveLimitLayer {
     type Service = AdaptiveLimit<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        AdaptiveLimit {
-            inner,
-            limiter: self.limiter.clone(),
-        }
+        AdaptiveLimit::new(inner, self.limiter.clone()).backpressure(self.backpressure)
     }
 }
 
@@ -618,17 +634,31 @@ impl<S> Layer<S> for AdaptiveLimitLayer {
 ///
 /// # Clone
 ///
-/// Clones share the same [`AdaptiveLimiter`].
+/// Clones share the same [`AdaptiveLimiter`]. A clone starts without the
+/// slot a [backpressure](AdaptiveLimitLayer::backpressure) `poll_ready`
+/// may have reserved: it reserves its own.
 #[derive(Clone, Debug)]
 pub struct AdaptiveLimit<S> {
     inner: S,
     limiter: Arc<AdaptiveLimiter>,
+    /// With backpressure: the permit `poll_ready` reserves for `call`.
+    reservation: Reservation,
 }
 
 impl<S> AdaptiveLimit<S> {
     /// Wrap `inner` with the limit of `limiter`.
     pub fn new(inner: S, limiter: Arc<AdaptiveLimiter>) -> Self {
-        AdaptiveLimit { inner, limiter }
+        AdaptiveLimit {
+            inner,
+            limiter,
+            reservation: Reservation::off(),
+        }
+    }
+
+    /// See [`AdaptiveLimitLayer::backpressure`].
+    pub fn backpressure(mut self, enabled: bool) -> Self {
+        self.reservation = Reservation::new(&self.limiter.semaphore, enabled);
+        self
     }
 
     /// The limiter, to observe or to share.
@@ -652,36 +682,73 @@ where
     type Future = ResponseFuture<S, Request<ReqB>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // With backpressure: reserve a slot first (FIFO; the waker is
+        // registered in the semaphore's queue). A decrease takes only free
+        // permits, so a reserved slot is one the limit still allows.
+        ready!(self.reservation.poll_reserve(cx));
         self.inner
             .poll_ready(cx)
             .map_err(|e| Error::from_boxed(e.into()))
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        let state = match self.limiter.semaphore.clone().try_acquire_owned() {
-            Ok(permit) => State::Called {
-                fut: self.inner.call(req),
-                slot: Some(Slot::new(permit, &self.limiter)),
-                queued: false,
-            },
-            Err(_) => {
-                let clone = self.inner.clone();
-                let svc = mem::replace(&mut self.inner, clone);
-                State::Queued {
-                    wait: wait_permit(
-                        self.limiter.semaphore.clone(),
-                        Deadline::of(req.extensions()),
-                    ),
-                    svc: Some(svc),
-                    req: Some(req),
-                    queue: Some(QueueSlot::enter(&self.limiter)),
-                }
-            }
+        // A slot reserved by a backpressure `poll_ready`, else a free one
+        // (happy path); a `call` that finds neither waits in the future.
+        let inner = if let Some((permit, waited)) = self.reservation.take() {
+            let slot = Slot::new(permit, &self.limiter);
+            WaitThenCall::called(self.inner.call(req), (slot, waited))
+        } else if let Ok(permit) = self.limiter.semaphore.clone().try_acquire_owned() {
+            let slot = Slot::new(permit, &self.limiter);
+            WaitThenCall::called(self.inner.call(req), (slot, false))
+        } else {
+            let wait = Queued {
+                wait: wait_permit(
+                    self.limiter.semaphore.clone(),
+                    Deadline::of(req.extensions()),
+                ),
+                queue: Some(QueueSlot::enter(&self.limiter)),
+            };
+            WaitThenCall::waiting(wait, take_ready(&mut self.inner), req)
         };
         ResponseFuture {
-            state,
+            inner,
             limiter: self.limiter.clone(),
         }
+    }
+}
+
+/// The wait of an attempt that found no free slot: its place in the FIFO
+/// queue, until the slot or the deadline. Yields the slot and "queued".
+struct Queued {
+    wait: WaitPermit,
+    queue: Option<QueueSlot>,
+}
+
+impl Wait for Queued {
+    type Held = (Slot, bool);
+
+    fn name(&self) -> &'static str {
+        "queued"
+    }
+
+    fn poll_wait<B>(
+        &mut self,
+        cx: &mut Context<'_>,
+        req: &mut Request<B>,
+    ) -> Poll<Result<(Slot, bool), Error>> {
+        let permit = ready!(self.wait.as_mut().poll(cx));
+        let queue = self.queue.take().expect("polled after completion");
+        let Some(permit) = permit else {
+            let mut err = Error::timeout(TimeoutStage::Deadline)
+                .with_detail("while waiting for an adaptive-limit slot")
+                .with_request(req.method(), req.uri());
+            err.extensions_mut().insert(Verdict::Fatal {
+                reason: Reason::new_static("deadline passed while queued"),
+            });
+            return Poll::Ready(Err(err));
+        };
+        let slot = Slot::new(permit, &queue.0);
+        Poll::Ready(Ok((slot, true)))
     }
 }
 
@@ -712,31 +779,8 @@ pin_project! {
         S: Service<R>,
     {
         #[pin]
-        state: State<S, R>,
+        inner: WaitThenCall<Queued, S, R>,
         limiter: Arc<AdaptiveLimiter>,
-    }
-}
-
-pin_project! {
-    #[project = StateProj]
-    enum State<S, R>
-    where
-        S: Service<R>,
-    {
-        Queued {
-            wait: WaitPermit,
-            svc: Option<S>,
-            req: Option<R>,
-            queue: Option<QueueSlot>,
-        },
-        Called {
-            #[pin]
-            fut: S::Future,
-            slot: Option<Slot>,
-            // Whether this attempt waited in the queue.
-            queued: bool,
-        },
-        Done,
     }
 }
 
@@ -745,13 +789,8 @@ where
     S: Service<R>,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = match &self.state {
-            State::Queued { .. } => "queued",
-            State::Called { .. } => "called",
-            State::Done => "done",
-        };
         f.debug_struct("ResponseFuture")
-            .field("state", &state)
+            .field("state", &self.inner.state_name())
             .finish()
     }
 }
@@ -763,68 +802,34 @@ where
 {
     type Output = Result<Response<ResB>, Error>;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        loop {
-            let this = self.as_mut().project();
-            match this.state.project() {
-                StateProj::Queued {
-                    wait,
-                    svc,
-                    req,
-                    queue,
-                } => {
-                    let permit = ready!(wait.as_mut().poll(cx));
-                    drop(queue.take());
-                    let req = req.take().expect("polled after completion");
-                    let Some(permit) = permit else {
-                        let mut err = Error::timeout(TimeoutStage::Deadline)
-                            .with_detail("while waiting for an adaptive-limit slot")
-                            .with_request(req.method(), req.uri());
-                        err.extensions_mut().insert(Verdict::Fatal {
-                            reason: Reason::new_static("deadline passed while queued"),
-                        });
-                        self.as_mut().project().state.set(State::Done);
-                        return Poll::Ready(Err(err));
-                    };
-                    let slot = Slot::new(permit, this.limiter);
-                    let mut svc = svc.take().expect("polled after completion");
-                    let fut = svc.call(req);
-                    self.as_mut().project().state.set(State::Called {
-                        fut,
-                        slot: Some(slot),
-                        queued: true,
-                    });
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let (result, (slot, queued)) = match ready!(this.inner.poll(cx)) {
+            Ok(called) => called,
+            Err(waited) => return Poll::Ready(Err(waited)),
+        };
+        // Off the happy path only (queued, or an overload that moved the
+        // limit): the outcome shows the limiter state.
+        let show = |outcome: Outcome| queued || outcome == Outcome::Overload;
+        Poll::Ready(match result {
+            Ok(mut res) => {
+                let outcome = outcome_of_response(&res);
+                let before = show(outcome).then(|| this.limiter.state());
+                slot.finish(outcome);
+                if let Some(state) = before {
+                    res.extensions_mut().insert(this.limiter.after(state));
                 }
-                StateProj::Called { fut, slot, queued } => {
-                    let result = ready!(fut.poll(cx));
-                    let slot = slot.take().expect("polled after completion");
-                    // Off the happy path only (queued, or an overload that
-                    // moved the limit): the outcome shows the limiter state.
-                    let show = |outcome: Outcome| *queued || outcome == Outcome::Overload;
-                    return Poll::Ready(match result {
-                        Ok(mut res) => {
-                            let outcome = outcome_of_response(&res);
-                            let before = show(outcome).then(|| this.limiter.state());
-                            slot.finish(outcome);
-                            if let Some(state) = before {
-                                res.extensions_mut().insert(this.limiter.after(state));
-                            }
-                            Ok(res)
-                        }
-                        Err(e) => {
-                            let mut err = Error::from_boxed(e.into());
-                            let outcome = outcome_of_error(&err);
-                            let before = show(outcome).then(|| this.limiter.state());
-                            slot.finish(outcome);
-                            if let Some(state) = before {
-                                err.extensions_mut().insert(this.limiter.after(state));
-                            }
-                            Err(err)
-                        }
-                    });
-                }
-                StateProj::Done => panic!("polled after completion"),
+                Ok(res)
             }
-        }
+            Err(mut err) => {
+                let outcome = outcome_of_error(&err);
+                let before = show(outcome).then(|| this.limiter.state());
+                slot.finish(outcome);
+                if let Some(state) = before {
+                    err.extensions_mut().insert(this.limiter.after(state));
+                }
+                Err(err)
+            }
+        })
     }
 }

@@ -45,7 +45,9 @@
 //! * `poll_ready` passes through; the permit is taken **inside the response
 //!   future**, from a FIFO queue (`tokio::sync::Semaphore`), so the wait is
 //!   bounded by the request's [`Deadline`] and dropping the future leaves the
-//!   queue at once.
+//!   queue at once. With [`ConcurrencyLimitLayer::backpressure`] the permit
+//!   is reserved in `poll_ready` instead, as tower's limit does (see the
+//!   [`limit` module docs](super#backpressure)).
 //! * A free permit is taken without allocating (`try_acquire_owned`); only a
 //!   request that has to queue pays for a boxed wait.
 //! * An optional maximum queue length ([`ConcurrencyLimiter::max_queue`])
@@ -83,7 +85,6 @@
 
 use std::fmt;
 use std::future::Future;
-use std::mem;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -96,9 +97,10 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::{wait_permit, WaitPermit};
+use super::{wait_permit, Reservation, WaitPermit};
 use crate::annotations::{Deadline, LimiterState, PermitLease, Reason, Verdict};
 use crate::error::{BoxError, Error, ErrorKind, TimeoutStage};
+use crate::wait::{take_ready, Wait, WaitThenCall};
 
 // === impl ConcurrencyLimiter ===
 
@@ -242,7 +244,9 @@ impl Drop for QueueSlot {
 /// Caps logical requests in flight; holds each permit until the response
 /// body ends or is dropped.
 ///
-/// See the [module docs](self) for an example.
+/// See the [module docs](self) for an example, and
+/// [`backpressure`](Self::backpressure) for a limit that `poll_ready`
+/// reports.
 ///
 /// # Clone
 ///
@@ -250,6 +254,7 @@ impl Drop for QueueSlot {
 #[derive(Clone, Debug)]
 pub struct ConcurrencyLimitLayer {
     limiter: Arc<ConcurrencyLimiter>,
+    backpressure: bool,
 }
 
 impl ConcurrencyLimitLayer {
@@ -281,7 +286,21 @@ impl ConcurrencyLimitLayer {
     /// A layer over a limiter shared with other layers or clients: all of
     /// them together stay under its limit.
     pub fn shared(limiter: Arc<ConcurrencyLimiter>) -> Self {
-        ConcurrencyLimitLayer { limiter }
+        ConcurrencyLimitLayer {
+            limiter,
+            backpressure: false,
+        }
+    }
+
+    /// Whether the service reports "no capacity" from `poll_ready`
+    /// (`true`), as tower's `ConcurrencyLimit` does, so that tower's
+    /// `LoadShed` above it sheds and a `Buffer` above it stops taking
+    /// requests; see the [`limit` module docs](super#backpressure). Default is
+    /// `false`: `poll_ready` passes through and requests wait for their
+    /// permit in the response future, bounded by their deadline.
+    pub fn backpressure(mut self, enabled: bool) -> Self {
+        self.backpressure = enabled;
+        self
     }
 
     /// The limiter, to observe or to share.
@@ -294,10 +313,7 @@ impl<S> Layer<S> for ConcurrencyLimitLayer {
     type Service = ConcurrencyLimit<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        ConcurrencyLimit {
-            inner,
-            limiter: self.limiter.clone(),
-        }
+        ConcurrencyLimit::new(inner, self.limiter.clone()).backpressure(self.backpressure)
     }
 }
 
@@ -309,17 +325,31 @@ impl<S> Layer<S> for ConcurrencyLimitLayer {
 ///
 /// # Clone
 ///
-/// Clones share the same [`ConcurrencyLimiter`].
+/// Clones share the same [`ConcurrencyLimiter`]. A clone starts without
+/// the permit a [backpressure](ConcurrencyLimitLayer::backpressure)
+/// `poll_ready` may have reserved: it reserves its own.
 #[derive(Clone, Debug)]
 pub struct ConcurrencyLimit<S> {
     inner: S,
     limiter: Arc<ConcurrencyLimiter>,
+    /// With backpressure: the permit `poll_ready` reserves for `call`.
+    reservation: Reservation,
 }
 
 impl<S> ConcurrencyLimit<S> {
     /// Wrap `inner` with the limit of `limiter`.
     pub fn new(inner: S, limiter: Arc<ConcurrencyLimiter>) -> Self {
-        ConcurrencyLimit { inner, limiter }
+        ConcurrencyLimit {
+            inner,
+            limiter,
+            reservation: Reservation::off(),
+        }
+    }
+
+    /// See [`ConcurrencyLimitLayer::backpressure`].
+    pub fn backpressure(mut self, enabled: bool) -> Self {
+        self.reservation = Reservation::new(&self.limiter.semaphore, enabled);
+        self
     }
 
     /// The limiter, to observe or to share.
@@ -344,49 +374,59 @@ where
     type Future = ResponseFuture<S, Request<ReqB>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        // No reservation here: waiting happens in the response future, where
-        // the deadline bounds it and dropping cancels it.
+        // Default: no reservation here; waiting happens in the response
+        // future, where the deadline bounds it and dropping cancels it.
+        // With backpressure: reserve a permit first (FIFO; the waker is
+        // registered in the semaphore's queue), as tower's limit does.
+        ready!(self.reservation.poll_reserve(cx));
         self.inner
             .poll_ready(cx)
             .map_err(|e| Error::from_boxed(e.into()))
     }
 
-    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        let state = match self.limiter.semaphore.clone().try_acquire_owned() {
+    fn call(&mut self, mut req: Request<ReqB>) -> Self::Future {
+        if let Some((permit, waited)) = self.reservation.take() {
+            // Backpressure: the permit reserved by `poll_ready`.
+            let held = if waited {
+                let lease = lend(&self.limiter, permit, &mut req);
+                let fut = self.inner.call(req);
+                let held = Held {
+                    permit: None,
+                    lease: Some(lease),
+                    observed: Some(self.limiter.state()),
+                };
+                WaitThenCall::called(fut, held)
+            } else {
+                WaitThenCall::called(self.inner.call(req), Held::at_once(permit))
+            };
+            return ResponseFuture { inner: held };
+        }
+        // Without a reserved permit (the default, or a `call` that came
+        // without `poll_ready`): take a free one, or wait in the future.
+        let inner = match self.limiter.semaphore.clone().try_acquire_owned() {
             // Happy path: a free permit (the semaphore hands released permits
             // to waiters first, so this never jumps the queue).
-            Ok(permit) => State::Called {
-                fut: self.inner.call(req),
-                permit: Some(permit),
-                lease: None,
-                observed: None,
-            },
+            Ok(permit) => WaitThenCall::called(self.inner.call(req), Held::at_once(permit)),
             Err(TryAcquireError::NoPermits) => match self.limiter.enter_queue() {
                 Some(slot) => {
-                    // The inner service was made ready for this request:
-                    // take it along, leave a clone for the next poll_ready.
-                    let clone = self.inner.clone();
-                    let svc = mem::replace(&mut self.inner, clone);
-                    State::Queued {
+                    let wait = Queued {
                         wait: wait_permit(
                             self.limiter.semaphore.clone(),
                             Deadline::of(req.extensions()),
                         ),
-                        svc: Some(svc),
-                        req: Some(req),
                         slot: Some(slot),
-                    }
+                        limiter: None,
+                    };
+                    // The inner service was made ready for this request:
+                    // take it along, leave a clone for the next poll_ready.
+                    WaitThenCall::waiting(wait, take_ready(&mut self.inner), req)
                 }
-                None => State::Failed {
-                    error: Some(rejected(&req, "queue full")),
-                },
+                None => WaitThenCall::failed(rejected(&req, "queue full")),
             },
             // rebound never closes the semaphore.
-            Err(TryAcquireError::Closed) => State::Failed {
-                error: Some(rejected(&req, "limiter closed")),
-            },
+            Err(TryAcquireError::Closed) => WaitThenCall::failed(rejected(&req, "limiter closed")),
         };
-        ResponseFuture { state }
+        ResponseFuture { inner }
     }
 }
 
@@ -410,6 +450,20 @@ fn deadline_while_queued<B>(req: &Request<B>) -> Error {
     err
 }
 
+/// Off the happy path only (this request had to wait for its permit): the
+/// permit is lent to the layers below, so that one that waits for one host
+/// (the Retry-After gate, which may have closed meanwhile) can give it back
+/// while it waits.
+fn lend<B>(
+    limiter: &ConcurrencyLimiter,
+    permit: OwnedSemaphorePermit,
+    req: &mut Request<B>,
+) -> OwnedLease {
+    let lease = OwnedLease(PermitLease::new(limiter.semaphore.clone(), permit));
+    req.extensions_mut().insert(lease.0.clone());
+    lease
+}
+
 /// The owner's handle on a lent permit: dropping it (the request was
 /// cancelled) takes the permit back out of the lease, so a clone left in
 /// some request's extensions below never keeps it.
@@ -418,6 +472,68 @@ struct OwnedLease(PermitLease);
 impl Drop for OwnedLease {
     fn drop(&mut self) {
         drop(self.0.take());
+    }
+}
+
+/// What a called request holds until its outcome: its permit, or the lease
+/// it lent it through, and the limiter's state when it had to wait.
+struct Held {
+    permit: Option<OwnedSemaphorePermit>,
+    // The permit lent to the layers below (waiting requests only).
+    lease: Option<OwnedLease>,
+    observed: Option<LimiterState>,
+}
+
+impl Held {
+    /// The happy path: a permit taken at once; no lease, no annotation.
+    fn at_once(permit: OwnedSemaphorePermit) -> Self {
+        Held {
+            permit: Some(permit),
+            lease: None,
+            observed: None,
+        }
+    }
+}
+
+/// The wait of a request that found no free permit: its place in the FIFO
+/// queue, until the permit or the deadline.
+struct Queued {
+    wait: WaitPermit,
+    slot: Option<QueueSlot>,
+    // The limiter, once out of the queue, to show its state.
+    limiter: Option<Arc<ConcurrencyLimiter>>,
+}
+
+impl Wait for Queued {
+    type Held = Held;
+
+    fn name(&self) -> &'static str {
+        "queued"
+    }
+
+    fn poll_wait<B>(
+        &mut self,
+        cx: &mut Context<'_>,
+        req: &mut Request<B>,
+    ) -> Poll<Result<Held, Error>> {
+        let permit = ready!(self.wait.as_mut().poll(cx));
+        // Out of the queue either way.
+        let limiter = self.slot.take().map(|s| s.0.clone());
+        let Some(permit) = permit else {
+            return Poll::Ready(Err(deadline_while_queued(req)));
+        };
+        let lease = limiter.as_ref().map(|l| lend(l, permit, req));
+        self.limiter = limiter;
+        Poll::Ready(Ok(Held {
+            permit: None,
+            lease,
+            observed: None,
+        }))
+    }
+
+    fn called(&mut self, held: &mut Held) {
+        // The outcome shows the limiter's state.
+        held.observed = self.limiter.as_ref().map(|l| l.state());
     }
 }
 
@@ -432,33 +548,7 @@ pin_project! {
         S: Service<R>,
     {
         #[pin]
-        state: State<S, R>,
-    }
-}
-
-pin_project! {
-    #[project = StateProj]
-    enum State<S, R>
-    where
-        S: Service<R>,
-    {
-        Queued {
-            wait: WaitPermit,
-            svc: Option<S>,
-            req: Option<R>,
-            slot: Option<QueueSlot>,
-        },
-        Called {
-            #[pin]
-            fut: S::Future,
-            permit: Option<OwnedSemaphorePermit>,
-            // The permit lent to the layers below (queued requests only).
-            lease: Option<OwnedLease>,
-            observed: Option<LimiterState>,
-        },
-        Failed {
-            error: Option<Error>,
-        },
+        inner: WaitThenCall<Queued, S, R>,
     }
 }
 
@@ -467,13 +557,8 @@ where
     S: Service<R>,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = match &self.state {
-            State::Queued { .. } => "queued",
-            State::Called { .. } => "called",
-            State::Failed { .. } => "failed",
-        };
         f.debug_struct("ResponseFuture")
-            .field("state", &state)
+            .field("state", &self.inner.state_name())
             .finish()
     }
 }
@@ -486,86 +571,33 @@ where
 {
     type Output = Result<Response<LimitBody<ResB>>, Error>;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        loop {
-            match self.as_mut().project().state.project() {
-                StateProj::Queued {
-                    wait,
-                    svc,
-                    req,
-                    slot,
-                } => {
-                    let permit = ready!(wait.as_mut().poll(cx));
-                    // Out of the queue either way.
-                    let slot_limiter = slot.take().map(|s| s.0.clone());
-                    let req = req.take().expect("polled after completion");
-                    let Some(permit) = permit else {
-                        let error = deadline_while_queued(&req);
-                        self.as_mut()
-                            .project()
-                            .state
-                            .set(State::Failed { error: None });
-                        return Poll::Ready(Err(error));
-                    };
-                    let mut svc = svc.take().expect("polled after completion");
-                    // Off the happy path only (this request had to queue):
-                    // the permit is lent to the layers below, so that one
-                    // that waits for one host (the Retry-After gate, which
-                    // may have closed while this request queued) can give
-                    // it back meanwhile.
-                    let mut req = req;
-                    let lease = slot_limiter
-                        .as_ref()
-                        .map(|l| OwnedLease(PermitLease::new(l.semaphore.clone(), permit)));
-                    if let Some(lease) = &lease {
-                        req.extensions_mut().insert(lease.0.clone());
-                    }
-                    let fut = svc.call(req);
-                    // The outcome shows the limiter's state.
-                    let observed = slot_limiter.map(|l| l.state());
-                    self.as_mut().project().state.set(State::Called {
-                        fut,
-                        permit: None,
-                        lease,
-                        observed,
-                    });
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let (out, mut held) = match ready!(self.project().inner.poll(cx)) {
+            Ok(called) => called,
+            Err(waited) => return Poll::Ready(Err(waited)),
+        };
+        // A lent permit comes back to the request: the body holds it from
+        // here (later clones of the lease hold nothing).
+        let permit = match held.permit.take() {
+            Some(permit) => Some(permit),
+            None => held.lease.take().and_then(|l| l.0.take()),
+        };
+        Poll::Ready(match out {
+            Ok(mut res) => {
+                if let Some(state) = held.observed.take() {
+                    res.extensions_mut().insert(state);
                 }
-                StateProj::Called {
-                    fut,
-                    permit,
-                    lease,
-                    observed,
-                } => {
-                    let out = ready!(fut.poll(cx));
-                    // A lent permit comes back to the request: the body
-                    // holds it from here (later clones of the lease hold
-                    // nothing).
-                    let permit = permit
-                        .take()
-                        .or_else(|| lease.take().and_then(|l| l.0.take()));
-                    return Poll::Ready(match out {
-                        Ok(mut res) => {
-                            if let Some(state) = observed.take() {
-                                res.extensions_mut().insert(state);
-                            }
-                            Ok(res.map(|body| LimitBody::new(body, permit)))
-                        }
-                        Err(e) => {
-                            // An error outcome gives the permit back at once.
-                            drop(permit);
-                            let mut err = Error::from_boxed(e.into());
-                            if let Some(state) = observed.take() {
-                                err.extensions_mut().insert(state);
-                            }
-                            Err(err)
-                        }
-                    });
-                }
-                StateProj::Failed { error } => {
-                    return Poll::Ready(Err(error.take().expect("polled after completion")));
-                }
+                Ok(res.map(|body| LimitBody::new(body, permit)))
             }
-        }
+            Err(mut err) => {
+                // An error outcome gives the permit back at once.
+                drop(permit);
+                if let Some(state) = held.observed.take() {
+                    err.extensions_mut().insert(state);
+                }
+                Err(err)
+            }
+        })
     }
 }
 
