@@ -12,6 +12,7 @@
 //!           ConcurrencyLimit caps logical requests in flight
 //!           IdempotencyKey   POST/PATCH get an Idempotency-Key once
 //!           Retry            the only loop: eligibility, budget, deadline
+//!           Hedge            (opt-in) a copy of a slow first attempt
 //!           Backoff          proposes the delay for each retryable outcome
 //!           AdaptiveLimit    per-attempt limit that shrinks on overload
 //!           RetryAfter       parses Retry-After / pushback into a hint
@@ -44,6 +45,9 @@ pub mod replay;
 #[cfg_attr(docsrs, doc(cfg(feature = "backoff")))]
 pub mod backoff;
 pub mod classify;
+#[cfg(feature = "hedge")]
+#[cfg_attr(docsrs, doc(cfg(feature = "hedge")))]
+pub mod hedge;
 #[cfg(feature = "retry")]
 #[cfg_attr(docsrs, doc(cfg(feature = "retry")))]
 pub mod retry;
@@ -88,8 +92,8 @@ pub mod trace;
 
 pub use crate::annotations::CertificateRejected;
 pub use crate::annotations::{
-    Attempt, Attempts, BudgetLeft, Deadline, DelaySource, GateWait, IdempotencyKey, LimiterState,
-    PreviousAttempt, ProposedDelay, Reason, RetryAfterHint, RetryStop, Sent, Verdict,
+    Attempt, Attempts, BudgetLeft, Deadline, DelaySource, GateWait, Hedged, IdempotencyKey,
+    LimiterState, PreviousAttempt, ProposedDelay, Reason, RetryAfterHint, RetryStop, Sent, Verdict,
 };
 pub use crate::error::{BoxError, Error, ErrorKind, TimeoutStage};
 
@@ -101,6 +105,8 @@ pub use crate::replay::ReplayBody;
 #[cfg(feature = "backoff")]
 pub use crate::backoff::{Backoff, BackoffLayer, BackoffService, Jitter};
 pub use crate::classify::{Classifier, Classify, ClassifyLayer, HttpClassifier};
+#[cfg(feature = "hedge")]
+pub use crate::hedge::{Hedge, HedgeLayer, HedgePolicy};
 #[cfg(feature = "retry")]
 pub use crate::retry::{Retry, RetryBudget, RetryLayer, RetryPolicy};
 #[cfg(feature = "retry-after")]
