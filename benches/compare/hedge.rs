@@ -366,6 +366,57 @@ pub(crate) fn run(mode: Mode) -> Result<Checks, BoxError> {
             yes(r999 <= t999 * 1.1 && rextra <= textra + 0.5),
         );
     }
+
+    // The happy path: what turning hedging on costs a request that answers
+    // before its delay (a fixed 1 s hedge against `/ok`, which answers at
+    // once), sequential, beside the same client with hedging off.
+    let n = mode.pick(50, 2_000);
+    let ok: Uri = format!("http://{}/ok", server.addr).parse()?;
+    let (allocs, micros) = rt.block_on(async {
+        let off = Client::Rebound(rebound::Client::builder().build()?);
+        let on = Client::Rebound(
+            rebound::Client::builder()
+                .hedge(HedgePolicy::fixed(Duration::from_secs(1)))
+                .build()?,
+        );
+        let mut allocs = [Vec::new(), Vec::new()];
+        let mut micros = [Vec::new(), Vec::new()];
+        for round in 0..mode.pick(2, 5) {
+            for k in 0..2 {
+                let i = (k + round) % 2;
+                let mut c = if i == 0 { off.clone() } else { on.clone() };
+                // Warm the pool.
+                one(&mut c, &ok, None).await?;
+                let a0 = crate::allocations();
+                let t = Instant::now();
+                for _ in 0..n {
+                    let (status, hedges) = one(&mut c, &ok, None).await?;
+                    if status != StatusCode::OK || hedges != 0 {
+                        return Err::<_, BoxError>("happy path: not a plain 200".into());
+                    }
+                }
+                micros[i].push(t.elapsed().as_secs_f64() * 1e6 / n as f64);
+                allocs[i].push((crate::allocations() - a0) as f64 / n as f64);
+            }
+        }
+        Ok((allocs, micros))
+    })?;
+    let med = |v: &[f64]| crate::report::median(&mut v.to_vec());
+    let mut table = Table::new(
+        "hedge: the happy path (answers before the delay), sequential, per request",
+        &["client", "allocations", "µs (loopback, sequential)"],
+    );
+    table.row(vec![
+        "rebound, hedging off".to_owned(),
+        f(med(&allocs[0]), 1),
+        f(med(&micros[0]), 1),
+    ]);
+    table.row(vec![
+        "rebound, hedge fixed(1 s)".to_owned(),
+        f(med(&allocs[1]), 1),
+        f(med(&micros[1]), 1),
+    ]);
+    table.print();
     checks.print();
     Ok(checks)
 }

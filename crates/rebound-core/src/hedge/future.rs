@@ -19,6 +19,9 @@ use crate::body::ReplayableBody;
 use crate::error::{BoxError, Error};
 use crate::retry::RetryBudget;
 
+/// The target of the hedge layer's events.
+const TARGET: &str = "rebound::hedge";
+
 pin_project! {
     /// The response future of [`Hedge`](super::Hedge).
     ///
@@ -155,18 +158,22 @@ where
         // The body copy before the budget: a hedge that cannot be sent must
         // not cost a token.
         let Some(body) = self.template.1.try_replay_whole() else {
-            tracing::debug!("hedge: request body cannot be sent again; no hedge");
+            tracing::debug!(target: TARGET, "request body cannot be sent again: no hedge");
             self.stopped = true;
             return false;
         };
         if !self.budget.try_withdraw() {
-            tracing::debug!(copies = self.sent, "hedge: retry budget spent; no hedge");
+            tracing::debug!(target: TARGET, { rebound.hedge.copies = self.sent }, "retry budget spent: no hedge");
             self.stopped = true;
             return false;
         }
         let n = self.sent + 1;
         self.sent = n;
-        tracing::debug!(copy = n, "hedge: no answer yet, sending another copy");
+        tracing::debug!(
+            target: TARGET,
+            { rebound.hedge.copy = n },
+            "no answer yet: sending a hedge"
+        );
         #[cfg(feature = "metrics")]
         crate::metrics::record_hedge_sent(&self.template.0.method);
         let req = Request::from_parts(self.template.0.clone(), body);
@@ -191,10 +198,10 @@ where
             return None;
         }
         if self.sent > 1 {
-            tracing::debug!(
-                rebound.hedge.winner = n,
-                rebound.hedge.copies = self.sent,
-                "hedge: answered"
+            tracing::info!(
+                target: TARGET,
+                { rebound.hedge.winner = n, rebound.hedge.copies = self.sent },
+                "hedged request answered"
             );
             #[cfg(feature = "metrics")]
             if n > 1 {
@@ -215,7 +222,11 @@ where
             .take()
             .expect("a hedged request ends with an outcome");
         if self.sent > 1 {
-            tracing::debug!(rebound.hedge.copies = self.sent, "hedge: every copy failed");
+            tracing::info!(
+                target: TARGET,
+                { rebound.hedge.copies = self.sent },
+                "hedged request: every copy failed"
+            );
             extensions_mut(&mut outcome).insert(Hedged {
                 copies: self.sent,
                 winner: None,
@@ -360,7 +371,7 @@ where
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Err(e)) => {
                     let e: BoxError = e.into();
-                    tracing::debug!(error = %e, "hedge: service not ready; no hedge");
+                    tracing::debug!(target: TARGET, error = %e, "service not ready: no hedge");
                     h.due = false;
                     h.stopped = true;
                 }

@@ -106,6 +106,18 @@
 //! So a first attempt that fails before its hedge delay is retried as
 //! usual (with backoff and Retry-After), while one that was hedged stands.
 //!
+//! # Tracing and metrics
+//!
+//! A hedged request (one that sent a hedge) logs one INFO event, target
+//! `rebound::hedge`: `hedged request answered` with
+//! `rebound.hedge.winner` (`1` the original, `2` the first hedge, ...) and
+//! `rebound.hedge.copies`, or `hedged request: every copy failed`; each
+//! hedge sent is a DEBUG event. Under the trace layer's request span they
+//! are its children; each copy has its own attempt span. The outcome
+//! carries [`Hedged`](crate::Hedged). With the `metrics` feature,
+//! `rebound.client.hedges` and `rebound.client.hedges.won` count hedges
+//! sent and hedges that won (see the `metrics` module).
+//!
 //! # Where it sits
 //!
 //! **Right below the retry loop, above everything per-attempt** (attempt
