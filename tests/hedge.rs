@@ -190,3 +190,29 @@ async fn off_by_default() {
     assert_eq!(res.status(), 200);
     assert_eq!(server.requests_to("/item").len(), 1);
 }
+
+#[tokio::test]
+async fn over_http2_the_hung_stream_is_reset_on_the_same_connection() {
+    let server = FaultServer::builder()
+        .tls()
+        .route("/item", [Action::never_respond()])
+        .default(Action::status(200).body("from the hedge"))
+        .start()
+        .await;
+    let roots = server.root_store().expect("a TLS server has a root store");
+    let client = client(hedging().tls_roots(rebound::TlsRoots::Custom(roots)));
+    let res = tokio::time::timeout(BOUND, client.get(server.url("/item")))
+        .await
+        .expect("bounded")
+        .expect("the hedge answers");
+    assert_eq!(res.status(), 200);
+    assert_eq!(
+        res.extensions().get::<Hedged>().and_then(|h| h.winner),
+        Some(2)
+    );
+    assert_eq!(server.requests_to("/item").len(), 2);
+    // Both copies on one HTTP/2 connection: the hung one's stream was reset
+    // (the server dropped its request), the connection stays.
+    assert_eq!(server.connections(), 1);
+    assert!(until_idle(&server).await, "the hung stream was not reset");
+}

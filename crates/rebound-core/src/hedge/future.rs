@@ -61,7 +61,7 @@ pin_project! {
 }
 
 /// A hedge in flight.
-struct Copy<F> {
+struct InFlight<F> {
     n: u32,
     started: Instant,
     fut: Pin<Box<F>>,
@@ -81,7 +81,7 @@ where
     pub(super) deadline: Option<Instant>,
     /// Copies sent, the original included.
     pub(super) sent: u32,
-    copies: Vec<Copy<S::Future>>,
+    copies: Vec<InFlight<S::Future>>,
     /// A hedge is due: waiting for the service to be ready.
     due: bool,
     /// No more hedges (budget, body, readiness error).
@@ -178,7 +178,7 @@ where
         crate::metrics::record_hedge_sent(&self.template.0.method);
         let req = Request::from_parts(self.template.0.clone(), body);
         let fut = Box::pin(self.service.call(req));
-        self.copies.push(Copy {
+        self.copies.push(InFlight {
             n,
             started: Instant::now(),
             fut,
