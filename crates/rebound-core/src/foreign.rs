@@ -1,6 +1,6 @@
 //! Other crates' errors, recognised: what a bare hyper-util client, tower's
 //! own middleware or the OS says, turned into rebound's kind and
-//! [`Sent`] answer when [`Error::from_boxed`] meets it.
+//! [`Sent`] answer when [`Error::from_boxed`](crate::Error::from_boxed) meets it.
 //!
 //! rebound's layers work over any service (DESIGN.md §1, principle 9), so
 //! the classifier must understand failures it did not make. Walking the

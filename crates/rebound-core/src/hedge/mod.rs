@@ -98,9 +98,9 @@
 //! vocabulary:
 //!
 //! * the hedge layer hedges only a request's **first** attempt
-//!   ([`Attempt`](crate::Attempt) 1): an attempt the retry loop sends is
+//!   ([`Attempt`] 1): an attempt the retry loop sends is
 //!   passed through;
-//! * once a hedge was sent, the outcome carries [`Hedged`], and the retry
+//! * once a hedge was sent, the outcome carries [`Hedged`](crate::Hedged), and the retry
 //!   loop does not retry it ([`RetryStop::Hedged`](crate::RetryStop)).
 //!
 //! So a first attempt that fails before its hedge delay is retried as
