@@ -11,7 +11,9 @@
 //! * **no hedging** — rebound's client with its defaults (hedging off);
 //! * **tower Hedge** — `tower::hedge::Hedge` (p97, 100 samples, 1 s
 //!   period) over the bare hyper-util client, behind a `Buffer` (its
-//!   service is not `Clone`, and one per task would split its histogram);
+//!   service is not `Clone`, and one per task would split its histogram).
+//!   Its histogram holds whole milliseconds, rounded up, so its delay is a
+//!   whole number of milliseconds;
 //! * **rebound hedge** — rebound's client with
 //!   `.hedge(HedgePolicy::percentile(0.97).min_samples(100).period(1 s))`.
 //!
@@ -220,7 +222,9 @@ pub(crate) fn run(mode: Mode) -> Result<Checks, BoxError> {
                 hyper_client(),
                 TowerPolicy(tower_hedges.clone()),
                 MIN_SAMPLES,
-                (PERCENTILE * 100.0) as f32,
+                // A quantile, as `value_at_quantile` takes it (tower's own
+                // tests pass 0.9): not a percent.
+                PERCENTILE as f32,
                 PERIOD,
             );
             Client::Tower(Buffer::new(hedge, 1024))
