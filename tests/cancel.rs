@@ -7,7 +7,9 @@
 //! slot, connecting (a listener with a full accept queue), the TLS
 //! handshake, waiting for the response head (HTTP/1.1, and HTTP/2 where
 //! hyper runs a task per request), a backoff sleep, held at the Retry-After
-//! gate, reading the body (HTTP/1.1 and HTTP/2); then a
+//! gate (above the concurrency limit, holding no permit; and below it,
+//! having queued for a permit and lent it back), reading the body
+//! (HTTP/1.1 and HTTP/2); then a
 //! `CancellationToken` attached with [`rebound::Cancel`].
 //!
 //! # How each test proves it
@@ -48,8 +50,8 @@ use std::time::Duration;
 
 use http_body_util::BodyExt;
 use rebound::{
-    AdaptiveLimiter, Aimd, Backoff, Cancel, Client, ClientBuilder, ConcurrencyLimiter, ErrorKind,
-    Jitter, TlsRoots, Verdict,
+    limit::AdaptiveLimiter, limit::ConcurrencyLimiter, Aimd, Backoff, Cancel, Client,
+    ClientBuilder, ErrorKind, Jitter, TlsRoots, Verdict,
 };
 use rebound_test::fault::{Action, ConnectionAction, FaultServer};
 use tokio::net::{TcpSocket, TcpStream};
@@ -154,7 +156,7 @@ fn patient(limiter: &Arc<ConcurrencyLimiter>) -> ClientBuilder {
 }
 
 fn limit_one() -> Arc<ConcurrencyLimiter> {
-    Arc::new(ConcurrencyLimiter::new(1).unwrap())
+    Arc::new(ConcurrencyLimiter::try_new(1).unwrap())
 }
 
 /// Completes the queued follower within `within` of the drop, reads its
@@ -433,20 +435,23 @@ async fn drop_behind_the_retry_after_gate() {
     let gate_closed_at = Instant::now();
     // The 429's connection idles in the pool, as the stage leaves it.
     sleep(Duration::from_millis(100)).await;
-    let baseline = alive_tasks();
 
     let mut dropped = Box::pin(client.get(server.url("/dropped")));
-    drive_until(&mut dropped, "permit taken", || limiter.available() == 0).await;
     drive_for(&mut dropped, Duration::from_millis(300), "held at the gate").await;
     assert_eq!(server.request_count(), 1, "the gate holds it");
-    // Another host: the gate does not hold the follower.
+    // Held above the concurrency limit, it holds no permit (issue 10,
+    // item 2), so a follower to another host does not even queue.
+    assert_eq!(limiter.available(), 1, "held at the gate with a permit");
     let mut follower = Box::pin(client.get(other.url("/next")));
-    drive_until(&mut follower, "queued", || limiter.queued() == 1).await;
+    let took = follower_completes(&mut follower, PAUSE_PROMPT, &limiter).await;
+    println!("gate stage: follower to another host completed in {took:?}");
+    // Both connections idle in the pool now.
+    sleep(Duration::from_millis(100)).await;
+    let baseline = alive_tasks();
 
     drop(dropped);
     assert_eq!(settled_tasks(baseline).await, baseline);
-    let took = follower_completes(&mut follower, PAUSE_PROMPT, &limiter).await;
-    println!("gate stage: follower completed {took:?} after the drop");
+    assert_eq!(limiter.available(), 1);
 
     // Outwait the pause: the held request is never sent.
     sleep(
@@ -560,7 +565,8 @@ async fn drop_while_waiting_for_an_adaptive_slot() {
     // The adaptive limit pinned at one attempt in flight (no concurrency
     // limit): the slot is held until the response head.
     let adaptive = Arc::new(
-        AdaptiveLimiter::new(Aimd::default().min_limit(1).initial_limit(1).max_limit(1)).unwrap(),
+        AdaptiveLimiter::try_new(Aimd::default().min_limit(1).initial_limit(1).max_limit(1))
+            .unwrap(),
     );
     let client = Client::builder()
         .total_timeout(STAGE * 3)
@@ -700,6 +706,61 @@ async fn drop_while_reading_the_body_over_http2() {
         1,
         "no further attempt"
     );
+
+    drop((follower, client));
+    assert_eq!(settled_tasks(servers_only).await, servers_only);
+}
+
+/// The request queued for its permit while its host's gate closed: it gets
+/// the permit, meets the closed gate below the retry loop, gives the permit
+/// back while it waits (a follower to another host goes), and dropping it
+/// there sends nothing and leaves nothing behind.
+#[tokio::test]
+async fn drop_behind_the_gate_after_queueing_for_a_permit() {
+    let server = FaultServer::builder().start().await;
+    let other = FaultServer::builder()
+        .route("/hold", [Action::stall_body()])
+        .start()
+        .await;
+    let servers_only = alive_tasks();
+    let limiter = limit_one();
+    let table = Arc::new(rebound::gate::GateTable::default());
+    let client = patient(&limiter).gate_table(table.clone()).build().unwrap();
+
+    // The only permit is held by a response whose body never ends.
+    let held = client.get(other.url("/hold")).await.unwrap();
+    let mut dropped = Box::pin(client.get(server.url("/dropped")));
+    drive_until(&mut dropped, "queued for the permit", || {
+        limiter.queued() == 1
+    })
+    .await;
+    // The server's gate closes while it queues; then the permit comes free.
+    let gate_closed_at = Instant::now();
+    table.close(&server.url("/").parse().unwrap(), gate_closed_at + PAUSE);
+    drop(held);
+    drive_until(&mut dropped, "permit lent back at the gate", || {
+        limiter.queued() == 0 && limiter.available() == 1
+    })
+    .await;
+    drive_for(&mut dropped, Duration::from_millis(300), "held at the gate").await;
+    assert_eq!(limiter.available(), 1, "held at the gate with a permit");
+    let mut follower = Box::pin(client.get(other.url("/next")));
+    let took = follower_completes(&mut follower, PAUSE_PROMPT, &limiter).await;
+    println!("lent permit: follower to another host completed in {took:?}");
+    sleep(Duration::from_millis(100)).await;
+    let baseline = alive_tasks();
+
+    drop(dropped);
+    assert_eq!(settled_tasks(baseline).await, baseline);
+    assert_eq!(limiter.available(), 1);
+    // Outwait the pause: the held request is never sent, and never takes
+    // the permit again.
+    sleep(
+        (gate_closed_at + PAUSE + Duration::from_secs(2)).saturating_duration_since(Instant::now()),
+    )
+    .await;
+    assert_eq!(server.request_count(), 0, "never sent");
+    assert_eq!(limiter.available(), 1);
 
     drop((follower, client));
     assert_eq!(settled_tasks(servers_only).await, servers_only);

@@ -52,7 +52,7 @@ where
     S::Error: Into<rebound::BoxError>,
     S::Future: Send + 'static,
 {
-    let budget = Arc::new(RetryBudget::new(10.0, Duration::from_secs(1), 1000).unwrap());
+    let budget = Arc::new(RetryBudget::try_new(10.0, Duration::from_secs(1), 1000).unwrap());
     ServiceBuilder::new()
         .layer(RetryLayer::new(
             RetryPolicy::default().max_attempts(3).budget(budget),

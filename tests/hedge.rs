@@ -135,7 +135,7 @@ async fn hedges_stop_when_the_budget_is_empty() {
         .await;
     // 20 % of requests, no floor: five requests earn exactly one hedge,
     // and only once the fifth is recorded.
-    let budget = Arc::new(RetryBudget::new(0.2, Duration::from_secs(60), 0).unwrap());
+    let budget = Arc::new(RetryBudget::new(0.2, Duration::from_secs(60), 0));
     let client = client(hedging().retry_budget(budget.clone()));
     let mut hedged = Vec::new();
     for _ in 0..5 {

@@ -233,9 +233,9 @@ async fn trickling_body_times_out_as_body_rate() {
             .default(Action::status(200).body_len(100_000).trickle(50))
             .start()
             .await;
-        let rate = MinBodyRate::new(1000, ms(500))
+        let rate = MinBodyRate::try_new(1000, ms(500))
             .unwrap()
-            .grace(ms(200))
+            .try_grace(ms(200))
             .unwrap();
         let client = client()
             .body_idle_timeout(Duration::from_secs(5))
@@ -294,9 +294,9 @@ async fn small_and_finished_bodies_pass_the_rate_check() {
             )
             .start()
             .await;
-        let rate = MinBodyRate::new(10_000, ms(300))
+        let rate = MinBodyRate::try_new(10_000, ms(300))
             .unwrap()
-            .grace(Duration::from_secs(2))
+            .try_grace(Duration::from_secs(2))
             .unwrap();
         let client = client().min_body_rate(rate).build().unwrap();
         let res = client.get(server.url("/small")).await.unwrap();

@@ -698,7 +698,7 @@ async fn json_helpers_reuse_the_connection_across_attempts_too() {
 #[tokio::test]
 async fn both_stacks_share_the_retry_after_gate() {
     let server = FaultServer::builder()
-        .route("/a", [Action::status(503).header("retry-after", "30")])
+        .route("/a", [Action::status(429).header("retry-after", "30")])
         .default(Action::status(200).body(ORDER))
         .start()
         .await;
@@ -713,7 +713,7 @@ async fn both_stacks_share_the_retry_after_gate() {
         .send(Request::get(server.url("/a")).body(()).unwrap())
         .await
         .unwrap();
-    assert_eq!(res.status(), 503);
+    assert_eq!(res.status(), 429);
     let err = client
         .get_json::<Order>(server.url("/b"))
         .await

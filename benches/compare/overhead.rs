@@ -25,10 +25,10 @@ use rand::rngs::SmallRng;
 use rand::seq::SliceRandom as _;
 use rand::SeedableRng as _;
 use rebound::{
-    AdaptiveLimitLayer, Aimd, AttemptTimeoutLayer, Backoff, BackoffLayer, CancelLayer,
-    ClassifyLayer, CollectBodyLayer, ConcurrencyLimitLayer, DeadlineBody, DeadlineLayer, Error,
-    HttpClassifier, IdempotencyKeyLayer, LimitBody, RetryAfterGateLayer, RetryAfterLayer,
-    RetryLayer, RetryPolicy, TraceBody, TraceLayer,
+    deadline::DeadlineBody, limit::LimitBody, trace::TraceBody, AdaptiveLimitLayer, Aimd,
+    AttemptTimeoutLayer, Backoff, BackoffLayer, CancelLayer, ClassifyLayer, CollectBodyLayer,
+    ConcurrencyLimitLayer, DeadlineLayer, Error, HttpClassifier, IdempotencyKeyLayer,
+    RetryAfterGateLayer, RetryAfterLayer, RetryLayer, RetryPolicy, TraceLayer,
 };
 use tokio::time::Instant;
 use tower::layer::util::Identity;
@@ -221,16 +221,16 @@ fn full_stack(inner: Bare) -> FullStack {
 
 // The client's defaults, layer by layer.
 fn deadline() -> DeadlineLayer {
-    DeadlineLayer::new(Duration::from_secs(30)).expect("valid total timeout")
+    DeadlineLayer::try_new(Duration::from_secs(30)).expect("valid total timeout")
 }
 fn attempt_timeout() -> AttemptTimeoutLayer {
-    AttemptTimeoutLayer::new(Duration::from_secs(10)).expect("valid attempt timeout")
+    AttemptTimeoutLayer::try_new(Duration::from_secs(10)).expect("valid attempt timeout")
 }
 fn concurrency() -> ConcurrencyLimitLayer {
-    ConcurrencyLimitLayer::new(tokio::sync::Semaphore::MAX_PERMITS).expect("valid limit")
+    ConcurrencyLimitLayer::try_new(tokio::sync::Semaphore::MAX_PERMITS).expect("valid limit")
 }
 fn adaptive() -> AdaptiveLimitLayer {
-    AdaptiveLimitLayer::new(
+    AdaptiveLimitLayer::try_new(
         Aimd::default()
             .min_limit(1)
             .initial_limit(256)

@@ -13,8 +13,8 @@ use std::time::Duration;
 use http::{Method, Request};
 use http_body_util::BodyExt;
 use rebound::{
-    Attempts, Backoff, Body, Client, ConcurrencyLimiter, ErrorKind, MinBodyRate, RetryBudget,
-    RetryStop, TimeoutStage, TlsRoots,
+    limit::ConcurrencyLimiter, Attempts, Backoff, Body, Client, ErrorKind, MinBodyRate,
+    RetryBudget, RetryStop, TimeoutStage, TlsRoots,
 };
 use rebound_test::fault::{Action, ConnectionAction, FaultServer};
 use tokio::net::{TcpSocket, TcpStream};
@@ -39,9 +39,7 @@ pub const BODY_IDLE: Duration = Duration::from_millis(400);
 /// grace of 1 s, so it first judges at 1.2 s — three times the idle timeout
 /// that catches a stall (400 ms), well before the deadline (3 s).
 pub fn min_body_rate() -> MinBodyRate {
-    MinBodyRate::new(1000, Duration::from_millis(200))
-        .and_then(|r| r.grace(Duration::from_secs(1)))
-        .expect("a valid rate")
+    MinBodyRate::new(1000, Duration::from_millis(200)).grace(Duration::from_secs(1))
 }
 /// Retry-After is honoured up to this (the servers ask for 1 s).
 pub const RETRY_AFTER_CAP: Duration = Duration::from_millis(100);
@@ -453,7 +451,7 @@ fn client(
     roots: Option<rustls::RootCertStore>,
     limiter: &Arc<ConcurrencyLimiter>,
 ) -> Client {
-    let budget = RetryBudget::new(10.0, Duration::from_secs(1), 1000).expect("budget");
+    let budget = RetryBudget::try_new(10.0, Duration::from_secs(1), 1000).expect("budget");
     let mut builder = Client::builder()
         .total_timeout(TOTAL)
         .attempt_timeout(ATTEMPT)
@@ -530,7 +528,7 @@ pub async fn run_cell(
 ) -> CellReport {
     let cell = format!("[{} × {}]", fault.name(), column.name());
     let target = Target::start(fault).await;
-    let limiter = Arc::new(ConcurrencyLimiter::new(16).expect("limiter"));
+    let limiter = Arc::new(ConcurrencyLimiter::try_new(16).expect("limiter"));
     let client = client(column, target.roots(), &limiter);
     let req = request(column, &target.base(), secrets);
 

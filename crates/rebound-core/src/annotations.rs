@@ -556,6 +556,116 @@ impl fmt::Display for LimiterState {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct GateWait(pub Duration);
 
+// ===== lent by one layer to another =====
+
+/// A client-wide permit this request holds, which a layer that waits for
+/// **one host** may give back while it waits, and take again after
+/// (DESIGN.md §10, "Order that isolates faults": per-host waits must not
+/// hold what other hosts need).
+///
+/// Put on the request by a concurrency limit, **only when the request had
+/// to queue for its permit** (a request that got one at once meets no
+/// per-host wait it has not already passed, so the happy path carries
+/// none); read by the Retry-After gate. Clones share the one permit.
+///
+/// ```
+/// use std::sync::Arc;
+/// use rebound_core::annotations::PermitLease;
+/// use tokio::sync::Semaphore;
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let semaphore = Arc::new(Semaphore::new(1));
+/// let permit = semaphore.clone().try_acquire_owned().unwrap();
+/// let lease = PermitLease::new(semaphore.clone(), permit);
+/// lease.release(); // while waiting for one host
+/// assert_eq!(semaphore.available_permits(), 1);
+/// assert!(lease.reacquire(None).await); // back in the FIFO queue
+/// assert_eq!(semaphore.available_permits(), 0);
+/// assert!(lease.take().is_some()); // the owner takes it back
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct PermitLease(std::sync::Arc<LeaseInner>);
+
+struct LeaseInner {
+    semaphore: std::sync::Arc<tokio::sync::Semaphore>,
+    permit: std::sync::Mutex<Option<tokio::sync::OwnedSemaphorePermit>>,
+}
+
+impl PermitLease {
+    /// A lease of `permit`, taken from `semaphore`.
+    pub fn new(
+        semaphore: std::sync::Arc<tokio::sync::Semaphore>,
+        permit: tokio::sync::OwnedSemaphorePermit,
+    ) -> Self {
+        PermitLease(std::sync::Arc::new(LeaseInner {
+            semaphore,
+            permit: std::sync::Mutex::new(Some(permit)),
+        }))
+    }
+
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<tokio::sync::OwnedSemaphorePermit>> {
+        // An `Option` swap cannot leave it inconsistent.
+        self.0.permit.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Give the permit back to its semaphore (nothing if it is not held).
+    pub fn release(&self) {
+        let permit = self.slot().take();
+        drop(permit);
+    }
+
+    /// Whether the permit is held right now.
+    pub fn is_held(&self) -> bool {
+        self.slot().is_some()
+    }
+
+    /// Wait for the permit again, in the semaphore's FIFO queue, until
+    /// `deadline` at the latest; `true` once it is held (at once if it
+    /// still was). Dropping the future leaves the queue.
+    pub fn reacquire(
+        &self,
+        deadline: Option<Instant>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send>> {
+        let lease = self.clone();
+        Box::pin(async move {
+            if lease.is_held() {
+                return true;
+            }
+            let acquire = lease.0.semaphore.clone().acquire_owned();
+            let permit = match deadline {
+                Some(deadline) => tokio::time::timeout_at(deadline, acquire)
+                    .await
+                    .ok()
+                    .and_then(Result::ok),
+                None => acquire.await.ok(),
+            };
+            match permit {
+                Some(permit) => {
+                    *lease.slot() = Some(permit);
+                    true
+                }
+                None => false,
+            }
+        })
+    }
+
+    /// Take the permit out of the lease (the owner does, when the request
+    /// is over or its response body takes the permit along).
+    pub fn take(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.slot().take()
+    }
+}
+
+impl fmt::Debug for PermitLease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PermitLease")
+            .field("held", &self.is_held())
+            .finish()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

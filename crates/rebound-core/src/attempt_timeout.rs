@@ -11,7 +11,7 @@
 //! use tower::{service_fn, ServiceBuilder, ServiceExt};
 //!
 //! let svc = ServiceBuilder::new()
-//!     .layer(AttemptTimeoutLayer::new(Duration::from_secs(1))?)
+//!     .layer(AttemptTimeoutLayer::new(Duration::from_secs(1)))
 //!     .service(service_fn(|_req: http::Request<()>| async {
 //!         // A server that never answers.
 //!         std::future::pending::<()>().await;
@@ -65,8 +65,9 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::annotations::{Deadline, Sent};
-use crate::deadline::{validate_duration, RequestName};
+use crate::config::validate_duration;
 use crate::error::{BoxError, Error, TimeoutStage};
+use crate::redact::RequestName;
 
 // ===== impl AttemptTimeoutLayer =====
 
@@ -85,11 +86,22 @@ pub struct AttemptTimeoutLayer {
 impl AttemptTimeoutLayer {
     /// A layer allowing each attempt `timeout` until its response head.
     ///
+    /// # Panics
+    ///
+    /// On a value [`try_new`](Self::try_new) refuses, with a message that
+    /// names it; use `try_new` for values that come from configuration.
+    #[track_caller]
+    pub fn new(timeout: Duration) -> Self {
+        crate::config::expect_valid("AttemptTimeoutLayer::new", Self::try_new(timeout))
+    }
+
+    /// A layer allowing each attempt `timeout` until its response head.
+    ///
     /// # Errors
     ///
     /// A [configuration error](Error::is_config) if `timeout` is zero or
     /// longer than one day.
-    pub fn new(timeout: Duration) -> Result<Self, Error> {
+    pub fn try_new(timeout: Duration) -> Result<Self, Error> {
         Ok(AttemptTimeoutLayer {
             timeout: validate_duration("attempt timeout", timeout)?,
         })
@@ -292,13 +304,13 @@ mod tests {
 
     #[test]
     fn config_is_validated() {
-        assert!(AttemptTimeoutLayer::new(Duration::ZERO)
+        assert!(AttemptTimeoutLayer::try_new(Duration::ZERO)
             .unwrap_err()
             .is_config());
-        assert!(AttemptTimeoutLayer::new(secs(90_000))
+        assert!(AttemptTimeoutLayer::try_new(secs(90_000))
             .unwrap_err()
             .is_config());
-        let layer = AttemptTimeoutLayer::new(secs(20)).unwrap();
+        let layer = AttemptTimeoutLayer::try_new(secs(20)).unwrap();
         let err = layer.check_within(secs(10)).unwrap_err();
         assert!(err.is_config());
         assert!(
@@ -313,7 +325,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn fires_at_the_attempt_timeout_with_stage_headers() {
         let start = Instant::now();
-        let svc = AttemptTimeoutLayer::new(secs(3)).unwrap().layer(never());
+        let svc = AttemptTimeoutLayer::try_new(secs(3))
+            .unwrap()
+            .layer(never());
         let req = Request::get("https://h.example/a?k=v").body(()).unwrap();
         let err = svc.oneshot(req).await.unwrap_err();
         assert_eq!(err.timeout_stage(), Some(TimeoutStage::Headers));
@@ -328,7 +342,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn capped_by_the_deadline_annotation() {
         let start = Instant::now();
-        let svc = AttemptTimeoutLayer::new(secs(10)).unwrap().layer(never());
+        let svc = AttemptTimeoutLayer::try_new(secs(10))
+            .unwrap()
+            .layer(never());
         let mut req = Request::new(());
         req.extensions_mut().insert(Deadline(start + secs(1)));
         let err = svc.oneshot(req).await.unwrap_err();
@@ -339,7 +355,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn later_deadline_does_not_extend_the_attempt() {
         let start = Instant::now();
-        let svc = AttemptTimeoutLayer::new(secs(2)).unwrap().layer(never());
+        let svc = AttemptTimeoutLayer::try_new(secs(2))
+            .unwrap()
+            .layer(never());
         let mut req = Request::new(());
         req.extensions_mut().insert(Deadline(start + secs(60)));
         let err = svc.oneshot(req).await.unwrap_err();
@@ -351,12 +369,12 @@ mod tests {
     async fn passed_deadline_fails_at_once_without_calling_inner() {
         let calls = Arc::new(AtomicU32::new(0));
         let c = calls.clone();
-        let svc = AttemptTimeoutLayer::new(secs(2)).unwrap().layer(service_fn(
-            move |_req: Request<()>| {
+        let svc = AttemptTimeoutLayer::try_new(secs(2))
+            .unwrap()
+            .layer(service_fn(move |_req: Request<()>| {
                 c.fetch_add(1, Ordering::SeqCst);
                 async { Ok::<_, Infallible>(Response::new(())) }
-            },
-        ));
+            }));
         let mut req = Request::new(());
         req.extensions_mut().insert(Deadline(Instant::now()));
         let err = svc.oneshot(req).await.unwrap_err();
@@ -366,12 +384,12 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_fast_response_passes_and_the_body_is_not_bounded() {
-        let svc = AttemptTimeoutLayer::new(secs(1)).unwrap().layer(service_fn(
-            |_req: Request<()>| async {
+        let svc = AttemptTimeoutLayer::try_new(secs(1))
+            .unwrap()
+            .layer(service_fn(|_req: Request<()>| async {
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 Ok::<_, Infallible>(Response::new("body"))
-            },
-        ));
+            }));
         let res = svc.oneshot(Request::new(())).await.unwrap();
         tokio::time::sleep(secs(5)).await;
         assert_eq!(*res.body(), "body");
@@ -383,8 +401,8 @@ mod tests {
         // never answers: the error comes after 1 s, not 10 s.
         let start = Instant::now();
         let svc = tower::ServiceBuilder::new()
-            .layer(DeadlineLayer::new(secs(1)).unwrap())
-            .layer(AttemptTimeoutLayer::new(secs(10)).unwrap())
+            .layer(DeadlineLayer::try_new(secs(1)).unwrap())
+            .layer(AttemptTimeoutLayer::try_new(secs(10)).unwrap())
             .service(never());
         let err = svc.oneshot(Request::new(())).await.unwrap_err();
         assert_eq!(err.timeout_stage(), Some(TimeoutStage::Deadline));

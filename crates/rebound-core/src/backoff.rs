@@ -83,7 +83,7 @@ use crate::annotations::{
 use crate::error::{BoxError, Error};
 
 /// The largest cap a [`Backoff`] accepts: one day.
-pub const MAX_CAP: Duration = Duration::from_secs(24 * 60 * 60);
+pub const MAX_CAP: Duration = crate::config::MAX_DURATION;
 
 /// The largest multiplier a [`Backoff`] accepts.
 pub const MAX_MULTIPLIER: f64 = 100.0;
@@ -350,13 +350,17 @@ pub struct BackoffLayer {
 }
 
 impl BackoffLayer {
-    /// A layer proposing delays from `backoff`; values out of range are
-    /// brought into range (see [`Backoff::normalized`]). Use
-    /// [`try_new`](Self::try_new) to reject them instead.
+    /// A layer proposing delays from `backoff`.
+    ///
+    /// # Panics
+    ///
+    /// If `backoff` is invalid (see [`Backoff::validate`]), with a message
+    /// that names the value; use [`try_new`](Self::try_new) for values that
+    /// come from configuration, or [`Backoff::normalized`] to bring them
+    /// into range.
+    #[track_caller]
     pub fn new(backoff: Backoff) -> Self {
-        BackoffLayer {
-            backoff: backoff.normalized(),
-        }
+        crate::config::expect_valid("BackoffLayer::new", Self::try_new(backoff))
     }
 
     /// A layer proposing delays from `backoff`, checked.
@@ -620,6 +624,12 @@ mod tests {
     }
 
     #[test]
+    #[should_panic(expected = "BackoffLayer::new: invalid configuration")]
+    fn the_layer_panics_on_what_try_new_refuses() {
+        let _ = BackoffLayer::new(Backoff::exponential(ms(10), ms(100)).multiplier(0.5));
+    }
+
+    #[test]
     fn invalid_config_is_an_error_not_a_panic() {
         assert!(Backoff::try_exponential(Duration::ZERO, ms(10))
             .unwrap_err()
@@ -638,9 +648,12 @@ mod tests {
         assert!(BackoffLayer::try_new(b.clone().jitter(Jitter::Proportional(1.5))).is_err());
         assert!(BackoffLayer::try_new(b.clone()).is_ok());
 
-        // `new` brings values into range instead.
+        // `normalized` brings values into range instead (the layer's `new`
+        // panics on them: see below).
         let n = BackoffLayer::new(
-            Backoff::exponential(Duration::ZERO, Duration::ZERO).multiplier(f64::NAN),
+            Backoff::exponential(Duration::ZERO, Duration::ZERO)
+                .multiplier(f64::NAN)
+                .normalized(),
         );
         assert!(n.backoff().validate().is_ok());
         assert_eq!(n.backoff().base(), ms(1));

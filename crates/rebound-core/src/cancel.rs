@@ -110,27 +110,27 @@ impl CancelLayer {
 }
 
 impl<S> Layer<S> for CancelLayer {
-    type Service = Cancellable<S>;
+    type Service = CancelService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        Cancellable { inner }
+        CancelService { inner }
     }
 }
 
-// === impl Cancellable ===
+// === impl CancelService ===
 
 /// The service of [`CancelLayer`].
 ///
 /// See the [module docs](self).
 #[derive(Clone, Debug)]
-pub struct Cancellable<S> {
+pub struct CancelService<S> {
     inner: S,
 }
 
-impl<S> Cancellable<S> {
+impl<S> CancelService<S> {
     /// Wrap `inner`.
     pub fn new(inner: S) -> Self {
-        Cancellable { inner }
+        CancelService { inner }
     }
 
     /// The inner service.
@@ -139,7 +139,7 @@ impl<S> Cancellable<S> {
     }
 }
 
-impl<S, B> Service<Request<B>> for Cancellable<S>
+impl<S, B> Service<Request<B>> for CancelService<S>
 where
     S: Service<Request<B>>,
     S::Error: Into<BoxError>,
@@ -180,7 +180,7 @@ where
 // === impl ResponseFuture ===
 
 pin_project! {
-    /// The response future of [`Cancellable`].
+    /// The response future of [`CancelService`].
     #[must_use = "futures do nothing unless polled"]
     pub struct ResponseFuture<F> {
         #[pin]

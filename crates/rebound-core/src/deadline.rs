@@ -13,7 +13,7 @@
 //! use tower::{service_fn, ServiceBuilder, ServiceExt};
 //!
 //! let svc = ServiceBuilder::new()
-//!     .layer(DeadlineLayer::new(Duration::from_secs(2))?)
+//!     .layer(DeadlineLayer::new(Duration::from_secs(2)))
 //!     .service(service_fn(|_req: http::Request<()>| async {
 //!         // A server that takes far too long to answer.
 //!         tokio::time::sleep(Duration::from_secs(60)).await;
@@ -68,7 +68,7 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
-use http::{Method, Request, Response, Uri};
+use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
@@ -76,57 +76,9 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::annotations::{Deadline, DeadlineScope};
+use crate::config::validate_duration;
 use crate::error::{BoxError, Error, TimeoutStage};
-
-/// The longest duration a timeout layer accepts: one day. Anything longer is
-/// certainly a unit mistake (milliseconds passed as seconds, ...).
-pub(crate) const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 60 * 60);
-
-/// Checks a configured duration: not zero, not longer than a day.
-pub(crate) fn validate_duration(what: &str, d: Duration) -> Result<Duration, Error> {
-    if d.is_zero() {
-        return Err(Error::config(format!("{what} must be greater than zero")));
-    }
-    if d > MAX_TIMEOUT {
-        return Err(Error::config(format!(
-            "{what} of {d:?} is longer than the maximum of {MAX_TIMEOUT:?}"
-        )));
-    }
-    Ok(d)
-}
-
-/// What an error says about its request: kept only to call
-/// [`Error::with_request`] when something fails.
-#[derive(Clone)]
-pub(crate) struct RequestName {
-    method: Method,
-    uri: Uri,
-}
-
-impl RequestName {
-    pub(crate) fn of<B>(req: &Request<B>) -> Self {
-        RequestName {
-            method: req.method().clone(),
-            uri: req.uri().clone(),
-        }
-    }
-
-    pub(crate) fn name(&self, err: Error) -> Error {
-        err.with_request(&self.method, &self.uri)
-    }
-}
-
-impl fmt::Debug for RequestName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // Never the raw URI: it may carry userinfo or a query string.
-        write!(
-            f,
-            "{} {}",
-            self.method,
-            crate::redact::RedactedUri::new(&self.uri)
-        )
-    }
-}
+use crate::redact::RequestName;
 
 // ===== impl DeadlineLayer =====
 
@@ -145,11 +97,23 @@ impl DeadlineLayer {
     /// A layer giving every request at most `total` from the moment it is
     /// called.
     ///
+    /// # Panics
+    ///
+    /// On a value [`try_new`](Self::try_new) refuses, with a message that
+    /// names it; use `try_new` for values that come from configuration.
+    #[track_caller]
+    pub fn new(total: Duration) -> Self {
+        crate::config::expect_valid("DeadlineLayer::new", Self::try_new(total))
+    }
+
+    /// A layer giving every request at most `total` from the moment it is
+    /// called.
+    ///
     /// # Errors
     ///
     /// A [configuration error](Error::is_config) if `total` is zero or longer
     /// than one day.
-    pub fn new(total: Duration) -> Result<Self, Error> {
+    pub fn try_new(total: Duration) -> Result<Self, Error> {
         Ok(DeadlineLayer {
             total: validate_duration("total timeout", total)?,
         })
@@ -451,17 +415,19 @@ mod tests {
 
     #[test]
     fn config_is_validated() {
-        assert!(DeadlineLayer::new(Duration::ZERO).unwrap_err().is_config());
-        let err = DeadlineLayer::new(secs(2 * 24 * 3600)).unwrap_err();
+        assert!(DeadlineLayer::try_new(Duration::ZERO)
+            .unwrap_err()
+            .is_config());
+        let err = DeadlineLayer::try_new(secs(2 * 24 * 3600)).unwrap_err();
         assert!(err.is_config());
         assert!(err.to_string().contains("total timeout"), "{err}");
-        assert_eq!(DeadlineLayer::new(secs(3)).unwrap().total(), secs(3));
+        assert_eq!(DeadlineLayer::try_new(secs(3)).unwrap().total(), secs(3));
     }
 
     #[tokio::test(start_paused = true)]
     async fn stamps_deadline_and_bounds_the_response_future() {
         let start = Instant::now();
-        let svc = DeadlineLayer::new(secs(2)).unwrap().layer(service_fn(
+        let svc = DeadlineLayer::try_new(secs(2)).unwrap().layer(service_fn(
             move |req: Request<()>| async move {
                 assert_eq!(Deadline::of(req.extensions()), Some(start + secs(2)));
                 tokio::time::sleep(secs(60)).await;
@@ -483,7 +449,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn earlier_deadline_wins_later_is_replaced() {
         let start = Instant::now();
-        let svc = DeadlineLayer::new(secs(10)).unwrap().layer(service_fn(
+        let svc = DeadlineLayer::try_new(secs(10)).unwrap().layer(service_fn(
             |req: Request<()>| async move {
                 let d = Deadline::of(req.extensions()).unwrap();
                 Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(format!(
@@ -510,7 +476,7 @@ mod tests {
         let calls = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
         let c = calls.clone();
         let svc =
-            DeadlineLayer::new(secs(10))
+            DeadlineLayer::try_new(secs(10))
                 .unwrap()
                 .layer(service_fn(move |_req: Request<()>| {
                     c.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -526,7 +492,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn body_read_past_the_deadline_fails() {
         let svc =
-            DeadlineLayer::new(secs(5))
+            DeadlineLayer::try_new(secs(5))
                 .unwrap()
                 .layer(service_fn(|_req: Request<()>| async {
                     // One chunk now, the next one after 10 s.
@@ -562,7 +528,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn finished_body_is_not_cut() {
         let svc =
-            DeadlineLayer::new(secs(1))
+            DeadlineLayer::try_new(secs(1))
                 .unwrap()
                 .layer(service_fn(|_req: Request<()>| async {
                     Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
@@ -575,7 +541,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn inner_errors_are_converted_and_named() {
         let svc =
-            DeadlineLayer::new(secs(1))
+            DeadlineLayer::try_new(secs(1))
                 .unwrap()
                 .layer(service_fn(|_req: Request<()>| async {
                     Err::<Response<Full<Bytes>>, _>(std::io::Error::other("boom"))

@@ -26,8 +26,10 @@ use std::io;
 use crate::annotations::Sent;
 use crate::error::{ErrorKind, TimeoutStage};
 
-/// `err` and its `source()` chain, looking inside `io::Error`s too.
-pub(crate) fn chain<'a>(
+/// `err` and its `source()` chain, looking inside `io::Error`s too (an
+/// `io::Error`'s own `source()` skips the error it wraps, so a plain walk
+/// misses what tokio-rustls or hyper-util put in one).
+pub fn chain<'a>(
     err: &'a (dyn StdError + 'static),
 ) -> impl Iterator<Item = &'a (dyn StdError + 'static)> {
     let mut next = Some(err);

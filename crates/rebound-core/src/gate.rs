@@ -1,9 +1,8 @@
-//! The Retry-After gate: when a server asks for a pause, hold new requests
-//! to it until the pause is over.
+//! The Retry-After gate: when a server says the client is sending too much,
+//! hold new requests to it until the pause is over.
 //!
 //! [`RetryAfterGateLayer`] remembers, per authority, a server's "come back
-//! later" (429/503 with a Retry-After) and holds or refuses new requests
-//! to that authority until then.
+//! later" and holds or refuses new requests to that authority until then.
 //!
 //! ```
 //! use std::convert::Infallible;
@@ -31,29 +30,54 @@
 //! let busy = http::Request::get("http://api.example/busy").body(()).unwrap();
 //! svc.clone().oneshot(busy).await?;
 //!
-//! // The next request to api.example waits for the pause to end.
+//! // The next request to api.example waits for the pause to end...
 //! let next = http::Request::get("http://api.example/other").body(()).unwrap();
-//! svc.oneshot(next).await?;
+//! svc.clone().oneshot(next).await?;
 //! assert!(start.elapsed() >= Duration::from_secs(2));
+//!
+//! // ...but another host never waits.
+//! let t = Instant::now();
+//! let elsewhere = http::Request::get("http://other.example/").body(()).unwrap();
+//! svc.oneshot(elsewhere).await?;
+//! assert_eq!(t.elapsed(), Duration::ZERO);
 //! # Ok(())
 //! # }
 //! ```
 //!
-//! [`RetryAfterGateLayer`] watches outcomes: when a response with status
-//! **429** or **503** carries a [`RetryAfterHint`] (written by the
-//! Retry-After layer below it), the gate for that **authority** (scheme,
-//! host and effective port; userinfo, path and query play no part) closes
-//! until `now + hint`. While it is closed, requests to that authority
+//! # Scope: which responses close which gate, for how long
+//!
+//! * **Status.** A **429** response carrying a [`RetryAfterHint`] (written
+//!   by the Retry-After layer below) closes the gate: a rate limit is about
+//!   the client, so every request of the client to that host is held.
+//!   A **503** does **not** close it by default: a 503 is about one
+//!   endpoint's health, and its Retry-After paces only the request that
+//!   received it (its own retry waits the hint, through the backoff and
+//!   retry layers), so one failing endpoint does not hold the healthy
+//!   endpoints of its host. [`RetryAfterGateLayer::close_on_503`] makes a
+//!   503 close the host's gate too. A response without a hint, or with a
+//!   zero hint, never closes it.
+//! * **Host.** The gate is per **authority**: scheme, lower-cased host and
+//!   effective port; userinfo, path and query play no part. Other
+//!   authorities are never held.
+//! * **Duration.** Until `now + hint`. The hint is already capped by the
+//!   Retry-After layer (its `max_delay`, 60 s by default in the ready-made
+//!   client), so no server can close a gate for longer than the cap. A
+//!   later, longer pause extends a closed gate; a shorter one never
+//!   shortens it.
+//!
+//! While a gate is closed, requests to that authority, by [`GateMode`]:
 //!
 //! * [`GateMode::Wait`] (the default): wait in the response future until it
 //!   opens — bounded by their [`Deadline`]: a request whose deadline comes
 //!   before the gate opens fails at once with [`ErrorKind::Throttled`];
-//! * [`GateMode::FailFast`]: fail at once with [`ErrorKind::Throttled`].
+//! * [`GateMode::FailFast`]: fail at once with [`ErrorKind::Throttled`];
+//! * [`GateMode::Off`]: no gate at all: nothing is held, nothing is closed,
+//!   and a request costs one branch (no hash, no clock read).
 //!
-//! The inner service sees none of them during the pause. Other authorities
-//! are unaffected. The table of closed gates is bounded
-//! ([`GateTable::new`]): expired entries are dropped when met, and when the
-//! table is full the gate that opens soonest is evicted.
+//! The inner service sees none of the held requests during the pause. The
+//! table of closed gates is bounded ([`GateTable::new`]): expired entries
+//! are dropped when met, and when the table is full the gate that opens
+//! soonest is evicted.
 //!
 //! # Where it sits
 //!
@@ -65,6 +89,18 @@
 //! Retry ─► Backoff ─► RetryAfterGate ─► AdaptiveLimit ─► RetryAfter ─► Classify ─► ...
 //! ```
 //!
+//! A stack with a client-wide concurrency limit above the retry layer adds
+//! a second gate over the same [`GateTable`] **above that limit**, built
+//! with [`closes_gates(false)`](RetryAfterGateLayer::closes_gates): new
+//! requests to a closed host then wait there, holding no permit that
+//! requests to other hosts need (DESIGN.md §10, "Order that isolates
+//! faults"); the lower gate closes the gate as each attempt's response
+//! passes it and holds the retries. The ready-made client is built so.
+//! A request that queued for its permit while the gate closed carries the
+//! permit as a [`PermitLease`]: a gate that holds it gives the permit back
+//! while it waits and takes it again (FIFO, bounded by the deadline; the
+//! [`Deadline`] error says so if it cannot) before the request goes on.
+//!
 //! A retry that already sleeps the Retry-After (the backoff layer proposes
 //! the hint as the delay) reaches the gate after it opened — the gate closed
 //! when the response passed it, before the retry started to sleep — so it
@@ -75,8 +111,10 @@
 //! # Happy path
 //!
 //! With no gate closed, a request costs one hash of its authority (no
-//! allocation) and one atomic load; the table's lock is taken only while
-//! some gate is closed.
+//! allocation) and one atomic load; a gate built with
+//! `closes_gates(false)` does not hash at all then, and [`GateMode::Off`]
+//! costs one branch. The table's lock is taken only while some gate is
+//! closed.
 //!
 //! # Errors
 //!
@@ -102,11 +140,13 @@ use tokio::time::{Instant, Sleep};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::annotations::{Deadline, GateWait, Reason, RetryAfterHint, Verdict};
-use crate::error::{BoxError, Error, ErrorKind};
+use crate::annotations::{Deadline, GateWait, PermitLease, Reason, RetryAfterHint, Verdict};
+use crate::error::{BoxError, Error, ErrorKind, TimeoutStage};
 use crate::redact::effective_port;
 
 /// What a request does when its authority's gate is closed.
+///
+/// See the [module docs](self) for the scope of a gate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum GateMode {
     /// Wait until the gate opens, bounded by the request's deadline.
@@ -114,6 +154,9 @@ pub enum GateMode {
     Wait,
     /// Fail at once with [`ErrorKind::Throttled`].
     FailFast,
+    /// No gate: requests are never held and responses never close a gate.
+    /// The layer is a pass-through costing one branch per request.
+    Off,
 }
 
 // === impl GateTable ===
@@ -137,10 +180,21 @@ impl GateTable {
 
     /// A table holding at most `max_entries` closed gates.
     ///
+    /// # Panics
+    ///
+    /// On a value [`try_new`](Self::try_new) refuses, with a message that
+    /// names it; use `try_new` for values that come from configuration.
+    #[track_caller]
+    pub fn new(max_entries: usize) -> Self {
+        crate::config::expect_valid("GateTable::new", Self::try_new(max_entries))
+    }
+
+    /// A table holding at most `max_entries` closed gates.
+    ///
     /// # Errors
     ///
     /// A [`Config`](ErrorKind::Config) error if `max_entries` is zero.
-    pub fn new(max_entries: usize) -> Result<Self, Error> {
+    pub fn try_new(max_entries: usize) -> Result<Self, Error> {
         if max_entries == 0 {
             return Err(Error::config(
                 "retry-after gate: max_entries must be at least 1",
@@ -261,7 +315,7 @@ impl GateTable {
 impl Default for GateTable {
     /// A table of [`GateTable::DEFAULT_MAX_ENTRIES`] entries.
     fn default() -> Self {
-        GateTable::new(Self::DEFAULT_MAX_ENTRIES).expect("the default size is valid")
+        GateTable::try_new(Self::DEFAULT_MAX_ENTRIES).expect("the default size is valid")
     }
 }
 
@@ -276,10 +330,13 @@ impl fmt::Debug for GateTable {
 
 // === impl RetryAfterGateLayer ===
 
-/// Holds new requests to an authority that answered 429/503 with a
-/// Retry-After, until the pause is over.
+/// Holds new requests to an authority that answered 429 with a Retry-After
+/// (and, with [`close_on_503`](Self::close_on_503), 503), until the pause is
+/// over.
 ///
-/// See the [module docs](self) for an example and where it sits.
+/// Defaults: [`GateMode::Wait`], 429 only, closes gates, a table of
+/// [`GateTable::DEFAULT_MAX_ENTRIES`]. See the [module docs](self) for an
+/// example, the scope of a gate and where it sits.
 ///
 /// # Clone
 ///
@@ -287,7 +344,15 @@ impl fmt::Debug for GateTable {
 #[derive(Clone, Debug)]
 pub struct RetryAfterGateLayer {
     table: Arc<GateTable>,
+    config: Config,
+}
+
+/// What a gate does, shared by the layer and its service.
+#[derive(Clone, Copy, Debug)]
+struct Config {
     mode: GateMode,
+    close_on_503: bool,
+    closes: bool,
 }
 
 impl RetryAfterGateLayer {
@@ -301,14 +366,38 @@ impl RetryAfterGateLayer {
     pub fn shared(table: Arc<GateTable>) -> Self {
         RetryAfterGateLayer {
             table,
-            mode: GateMode::Wait,
+            config: Config {
+                mode: GateMode::Wait,
+                close_on_503: false,
+                closes: true,
+            },
         }
     }
 
-    /// What requests do while their gate is closed. Default is
-    /// [`GateMode::Wait`].
+    /// What requests do while their gate is closed, or [`GateMode::Off`]
+    /// for no gate. Default is [`GateMode::Wait`].
     pub fn mode(mut self, mode: GateMode) -> Self {
-        self.mode = mode;
+        self.config.mode = mode;
+        self
+    }
+
+    /// Whether a 503 with a Retry-After closes its host's gate, as a 429
+    /// does. Default is `false`: a 503's Retry-After paces only the request
+    /// that received it (its own retry), so one failing endpoint does not
+    /// hold the healthy endpoints of the same host.
+    pub fn close_on_503(mut self, enabled: bool) -> Self {
+        self.config.close_on_503 = enabled;
+        self
+    }
+
+    /// Whether this gate closes gates when a response asks for a pause
+    /// (`true`, the default), or only holds requests at gates closed by
+    /// others over the same table (`false`: a gate placed above a
+    /// client-wide limit, paired with a closing gate below the retry
+    /// layer; see the [module docs](self#where-it-sits)). A gate that does
+    /// not close does not hash the authority unless some gate is closed.
+    pub fn closes_gates(mut self, enabled: bool) -> Self {
+        self.config.closes = enabled;
         self
     }
 
@@ -336,7 +425,7 @@ impl<S> Layer<S> for RetryAfterGateLayer {
         RetryAfterGate {
             inner,
             table: self.table.clone(),
-            mode: self.mode,
+            config: self.config,
         }
     }
 }
@@ -354,7 +443,7 @@ impl<S> Layer<S> for RetryAfterGateLayer {
 pub struct RetryAfterGate<S> {
     inner: S,
     table: Arc<GateTable>,
-    mode: GateMode,
+    config: Config,
 }
 
 impl<S> RetryAfterGate<S> {
@@ -404,21 +493,37 @@ where
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        let key = self.table.key(req.uri());
+        let config = self.config;
+        if config.mode == GateMode::Off {
+            return ResponseFuture {
+                state: State::Called {
+                    fut: self.inner.call(req),
+                },
+                key: None,
+                close_429: false,
+                close_503: false,
+                table: None,
+                held_since: None,
+            };
+        }
+        // The key is needed to close a gate on the way up, or to look one up
+        // when some gate is closed; a gate that never closes hashes only then.
+        let key = (config.closes || !self.table.is_empty()).then(|| self.table.key(req.uri()));
         // Happy path: no gate closed anywhere, no clock read, no lock.
-        let closed = if self.table.is_empty() {
-            None
-        } else {
-            let now = Instant::now();
-            self.table.check(key, now).map(|until| (until, now))
+        let closed = match key {
+            Some(key) if !self.table.is_empty() => {
+                let now = Instant::now();
+                self.table.check(key, now).map(|until| (until, now))
+            }
+            _ => None,
         };
         let held_since = closed.map(|(_, now)| now);
         let state = match closed {
             None => State::Called {
                 fut: self.inner.call(req),
             },
-            Some((until, now)) => match self.mode {
-                GateMode::FailFast => State::Failed {
+            Some((until, now)) => match config.mode {
+                GateMode::FailFast | GateMode::Off => State::Failed {
                     error: Some(throttled(&req, until, now, None)),
                 },
                 GateMode::Wait => match Deadline::of(req.extensions()) {
@@ -433,10 +538,18 @@ where
                     _ => {
                         let clone = self.inner.clone();
                         let svc = mem::replace(&mut self.inner, clone);
+                        // A client-wide permit lent by a limit above (the
+                        // request queued for it while this gate closed) goes
+                        // back while the request waits for this host.
+                        let lease = req.extensions().get::<PermitLease>().cloned();
+                        if let Some(lease) = &lease {
+                            lease.release();
+                        }
                         State::Waiting {
                             sleep: Box::pin(tokio::time::sleep_until(until)),
                             svc: Some(svc),
                             req: Some(req),
+                            lease,
                         }
                     }
                 },
@@ -444,8 +557,12 @@ where
         };
         ResponseFuture {
             state,
+            // The key goes up only when some use of it remains: to re-check
+            // a gate after a wait, or to close one.
             key,
-            table: self.table.clone(),
+            close_429: config.closes,
+            close_503: config.closes && config.close_on_503,
+            table: (config.closes || held_since.is_some()).then(|| self.table.clone()),
             held_since,
         }
     }
@@ -464,8 +581,14 @@ pin_project! {
     {
         #[pin]
         state: State<S, R>,
-        key: u64,
-        table: Arc<GateTable>,
+        // The authority's key, when this gate closes gates or had to look
+        // one up.
+        key: Option<u64>,
+        // Which statuses close the gate on the way up.
+        close_429: bool,
+        close_503: bool,
+        // Present when the gate closes gates, or held this request.
+        table: Option<Arc<GateTable>>,
         // When a closed gate started holding this request (off the happy
         // path only): the outcome then carries a `GateWait`.
         held_since: Option<Instant>,
@@ -480,6 +603,13 @@ pin_project! {
     {
         Waiting {
             sleep: Pin<Box<Sleep>>,
+            svc: Option<S>,
+            req: Option<R>,
+            // A client-wide permit given back while waiting.
+            lease: Option<PermitLease>,
+        },
+        Reacquiring {
+            wait: Pin<Box<dyn Future<Output = bool> + Send>>,
             svc: Option<S>,
             req: Option<R>,
         },
@@ -500,6 +630,7 @@ where
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
             State::Waiting { .. } => "waiting",
+            State::Reacquiring { .. } => "reacquiring",
             State::Called { .. } => "called",
             State::Failed { .. } => "failed",
         };
@@ -520,11 +651,20 @@ where
         loop {
             let this = self.as_mut().project();
             match this.state.project() {
-                StateProj::Waiting { sleep, svc, req } => {
+                StateProj::Waiting {
+                    sleep,
+                    svc,
+                    req,
+                    lease,
+                } => {
                     ready!(sleep.as_mut().poll(cx));
                     let now = Instant::now();
                     // The pause may have been extended while we slept.
-                    if let Some(until) = this.table.check(*this.key, now) {
+                    let extended = match (this.table.as_ref(), *this.key) {
+                        (Some(table), Some(key)) => table.check(key, now),
+                        _ => None,
+                    };
+                    if let Some(until) = extended {
                         let r = req.as_ref().expect("polled after completion");
                         if Deadline::of(r.extensions()).is_some_and(|d| d < until) {
                             let error = throttled(
@@ -543,6 +683,41 @@ where
                         continue;
                     }
                     let req = req.take().expect("polled after completion");
+                    let svc = svc.take().expect("polled after completion");
+                    match lease.take() {
+                        Some(lease) => {
+                            // Take the lent permit again (FIFO, bounded by
+                            // the deadline) before the request goes on.
+                            let wait = lease.reacquire(Deadline::of(req.extensions()));
+                            self.as_mut().project().state.set(State::Reacquiring {
+                                wait,
+                                svc: Some(svc),
+                                req: Some(req),
+                            });
+                        }
+                        None => {
+                            let mut svc = svc;
+                            let fut = svc.call(req);
+                            self.as_mut().project().state.set(State::Called { fut });
+                        }
+                    }
+                }
+                StateProj::Reacquiring { wait, svc, req } => {
+                    let held = ready!(wait.as_mut().poll(cx));
+                    let req = req.take().expect("polled after completion");
+                    if !held {
+                        let mut error = Error::timeout(TimeoutStage::Deadline)
+                            .with_detail("while waiting for a concurrency permit after a gate")
+                            .with_request(req.method(), req.uri());
+                        error.extensions_mut().insert(Verdict::Fatal {
+                            reason: Reason::new_static("deadline passed while queued"),
+                        });
+                        self.as_mut()
+                            .project()
+                            .state
+                            .set(State::Failed { error: None });
+                        return Poll::Ready(Err(error));
+                    }
                     let mut svc = svc.take().expect("polled after completion");
                     let fut = svc.call(req);
                     self.as_mut().project().state.set(State::Called { fut });
@@ -559,15 +734,21 @@ where
                         };
                     }
                     let res = out?;
-                    if matches!(
-                        res.status(),
-                        StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
-                    ) {
+                    let closes = match res.status() {
+                        StatusCode::TOO_MANY_REQUESTS => *this.close_429,
+                        StatusCode::SERVICE_UNAVAILABLE => *this.close_503,
+                        _ => false,
+                    };
+                    let target = match (this.table.as_ref(), *this.key) {
+                        (Some(table), Some(key)) if closes => Some((table, key)),
+                        _ => None,
+                    };
+                    if let Some((table, key)) = target {
                         if let Some(RetryAfterHint(pause)) = res.extensions().get() {
                             // A hint too large for the clock is "no hint".
                             let until = Instant::now().checked_add(*pause);
                             if let (false, Some(until)) = (pause.is_zero(), until) {
-                                this.table.close_key(*this.key, until);
+                                table.close_key(key, until);
                                 tracing::debug!(
                                     status = res.status().as_u16(),
                                     pause_ms = pause.as_millis() as u64,

@@ -282,10 +282,10 @@ impl<M> IdempotencyKeyLayer<M> {
 }
 
 impl<S, M> Layer<S> for IdempotencyKeyLayer<M> {
-    type Service = SetIdempotencyKey<S, M>;
+    type Service = IdempotencyKeyService<S, M>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        SetIdempotencyKey {
+        IdempotencyKeyService {
             inner,
             config: self.config.clone(),
         }
@@ -356,29 +356,29 @@ impl<M: MakeIdempotencyKey> Config<M> {
 /// The service made by [`IdempotencyKeyLayer`].
 ///
 /// See the [module docs](self).
-pub struct SetIdempotencyKey<S, M = UuidV4> {
+pub struct IdempotencyKeyService<S, M = UuidV4> {
     inner: S,
     config: Config<M>,
 }
 
-impl<S: Clone, M> Clone for SetIdempotencyKey<S, M> {
+impl<S: Clone, M> Clone for IdempotencyKeyService<S, M> {
     fn clone(&self) -> Self {
-        SetIdempotencyKey {
+        IdempotencyKeyService {
             inner: self.inner.clone(),
             config: self.config.clone(),
         }
     }
 }
 
-impl<S: fmt::Debug, M> fmt::Debug for SetIdempotencyKey<S, M> {
+impl<S: fmt::Debug, M> fmt::Debug for IdempotencyKeyService<S, M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut d = f.debug_struct("SetIdempotencyKey");
+        let mut d = f.debug_struct("IdempotencyKeyService");
         d.field("inner", &self.inner);
         self.config.fmt_fields(d)
     }
 }
 
-impl<S, M> SetIdempotencyKey<S, M> {
+impl<S, M> IdempotencyKeyService<S, M> {
     /// The inner service.
     pub fn get_ref(&self) -> &S {
         &self.inner
@@ -395,7 +395,7 @@ impl<S, M> SetIdempotencyKey<S, M> {
     }
 }
 
-impl<S, M, ReqBody, ResBody> Service<Request<ReqBody>> for SetIdempotencyKey<S, M>
+impl<S, M, ReqBody, ResBody> Service<Request<ReqBody>> for IdempotencyKeyService<S, M>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     S::Error: Into<BoxError>,
@@ -421,7 +421,7 @@ where
 }
 
 pin_project! {
-    /// The response future of [`SetIdempotencyKey`].
+    /// The response future of [`IdempotencyKeyService`].
     #[must_use = "futures do nothing unless polled"]
     pub struct ResponseFuture<F> {
         #[pin]

@@ -24,6 +24,21 @@
 //! Every layer's service has `type Error = `[`Error`]: one opaque error type
 //! with a kind to branch on, a `source()` chain and its own extensions.
 //!
+//! # Conventions (DESIGN.md §10)
+//!
+//! * **Constructors.** `XLayer::new(..)` returns the layer and panics, naming
+//!   the argument, on a value that cannot work; `XLayer::try_new(..)` returns
+//!   the [configuration error](Error::is_config) instead (see
+//!   [`config::expect_valid`]). Setters follow the same rule (`x` / `try_x`).
+//! * **Names.** The service of `XLayer` is `X` (`Retry`, `Classify`,
+//!   `AttemptTimeout`, `ConcurrencyLimit`, ...), except where `X` is already
+//!   a vocabulary or configuration value users write every day —
+//!   [`Deadline`], [`Cancel`], [`IdempotencyKey`], [`Backoff`] — where it is
+//!   `XService` (`DeadlineService`, `CancelService`, `IdempotencyKeyService`,
+//!   `BackoffService`). We kept the vocabulary's short names rather than
+//!   rename what every layer and caller reads.
+//! * **Features.** One cargo feature per layer family (see the README).
+//!
 //! # Minimum supported Rust version
 //!
 //! 1.85, declared as `rust-version` in the workspace; raised only with a
@@ -32,6 +47,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod annotations;
+pub mod config;
 pub mod error;
 pub mod foreign;
 pub mod redact;
@@ -90,51 +106,43 @@ pub mod metrics;
 #[cfg_attr(docsrs, doc(cfg(feature = "trace")))]
 pub mod trace;
 
-pub use crate::annotations::CertificateRejected;
+// ===== the crate root: the layers, the vocabulary, the error =====
+//
+// And the values a layer's `new` takes (a policy, a schedule, a classifier,
+// limit settings). Services, response futures, body wrappers and helpers are
+// reached through their module (`rebound_core::deadline::DeadlineBody`, ...),
+// as tower's are.
+
 pub use crate::annotations::{
-    Attempt, Attempts, BudgetLeft, Deadline, DelaySource, GateWait, Hedged, IdempotencyKey,
-    LimiterState, PreviousAttempt, ProposedDelay, Reason, RetryAfterHint, RetryStop, Sent, Verdict,
+    Attempt, Attempts, BudgetLeft, CertificateRejected, Deadline, DelaySource, GateWait, Hedged,
+    IdempotencyKey, LimiterState, PermitLease, PreviousAttempt, ProposedDelay, Reason,
+    RetryAfterHint, RetryStop, Sent, Verdict,
 };
+pub use crate::body::ReplayableBody;
 pub use crate::error::{BoxError, Error, ErrorKind, TimeoutStage};
 
-// --- re-exports: body ---
-pub use crate::body::ReplayableBody;
-pub use crate::replay::ReplayBody;
-
-// --- re-exports: retry core ---
+#[cfg(feature = "timeout")]
+pub use crate::attempt_timeout::AttemptTimeoutLayer;
 #[cfg(feature = "backoff")]
-pub use crate::backoff::{Backoff, BackoffLayer, BackoffService, Jitter};
-pub use crate::classify::{Classifier, Classify, ClassifyLayer, HttpClassifier};
-#[cfg(feature = "hedge")]
-pub use crate::hedge::{Hedge, HedgeLayer, HedgePolicy};
-#[cfg(feature = "retry")]
-pub use crate::retry::{Retry, RetryBudget, RetryLayer, RetryPolicy};
-#[cfg(feature = "retry-after")]
-pub use crate::retry_after::{OverCap, RetryAfter, RetryAfterLayer};
-
-// --- re-exports: timeouts ---
-#[cfg(feature = "timeout")]
-pub use crate::attempt_timeout::{AttemptTimeout, AttemptTimeoutLayer};
-#[cfg(feature = "timeout")]
-pub use crate::deadline::{DeadlineBody, DeadlineLayer, DeadlineService};
-
-// --- re-exports: writes ---
-#[cfg(feature = "collect")]
-pub use crate::collect::{CollectBody, CollectBodyLayer, CollectedBody};
-#[cfg(feature = "idempotency")]
-pub use crate::idempotency::{IdempotencyKeyLayer, MakeIdempotencyKey, SetIdempotencyKey, UuidV4};
-
-// --- re-exports: load control and cancellation ---
+pub use crate::backoff::{Backoff, BackoffLayer, Jitter};
 #[cfg(feature = "cancel")]
-pub use crate::cancel::{Cancel, CancelLayer, Cancellable};
+pub use crate::cancel::{Cancel, CancelLayer};
+pub use crate::classify::{Classifier, ClassifyLayer, HttpClassifier};
+#[cfg(feature = "collect")]
+pub use crate::collect::CollectBodyLayer;
+#[cfg(feature = "timeout")]
+pub use crate::deadline::DeadlineLayer;
 #[cfg(feature = "retry-after")]
-pub use crate::gate::{GateMode, GateTable, RetryAfterGate, RetryAfterGateLayer};
+pub use crate::gate::{GateMode, RetryAfterGateLayer};
+#[cfg(feature = "hedge")]
+pub use crate::hedge::{HedgeLayer, HedgePolicy};
+#[cfg(feature = "idempotency")]
+pub use crate::idempotency::IdempotencyKeyLayer;
 #[cfg(feature = "limit")]
-pub use crate::limit::{
-    AdaptiveLimit, AdaptiveLimitLayer, AdaptiveLimiter, Aimd, ConcurrencyLimit,
-    ConcurrencyLimitLayer, ConcurrencyLimiter, LimitBody,
-};
-
-// --- re-exports: observability ---
+pub use crate::limit::{AdaptiveLimitLayer, Aimd, ConcurrencyLimitLayer};
+#[cfg(feature = "retry")]
+pub use crate::retry::{RetryBudget, RetryLayer, RetryPolicy};
+#[cfg(feature = "retry-after")]
+pub use crate::retry_after::{OverCap, RetryAfterLayer};
 #[cfg(feature = "trace")]
-pub use crate::trace::{AttemptTraceLayer, TraceBody, TraceBuilder, TraceLayer};
+pub use crate::trace::{AttemptTraceLayer, TraceLayer};

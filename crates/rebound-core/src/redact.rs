@@ -139,6 +139,40 @@ impl fmt::Debug for RedactedUri {
     }
 }
 
+/// What an error may say about its request: the method and the URI, kept
+/// only to call [`Error::with_request`](crate::Error::with_request) (which
+/// keeps the [redacted](RedactedUri) form) when something fails. Its `Debug`
+/// is redacted too. Used by every layer and by `rebound-hyper`'s transport,
+/// so errors are named the same way everywhere.
+#[derive(Clone)]
+pub struct RequestName {
+    method: http::Method,
+    uri: Uri,
+}
+
+impl RequestName {
+    /// The name of `req` (clones its method and URI: reference counts, no
+    /// allocation for standard methods).
+    pub fn of<B>(req: &http::Request<B>) -> Self {
+        RequestName {
+            method: req.method().clone(),
+            uri: req.uri().clone(),
+        }
+    }
+
+    /// `err`, named with this request (a request already named is kept).
+    pub fn name(&self, err: crate::Error) -> crate::Error {
+        err.with_request(&self.method, &self.uri)
+    }
+}
+
+impl fmt::Debug for RequestName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never the raw URI: it may carry userinfo or a query string.
+        write!(f, "{} {}", self.method, RedactedUri::new(&self.uri))
+    }
+}
+
 // ===== paths =====
 
 /// What an error shows for a path that is [hidden](PathRedaction::hidden):

@@ -53,7 +53,9 @@
 //!   clamped hint, which is the opposite of what the server asked. With a
 //!   deadline the clamped delay usually does not fit, and the retry layer
 //!   then returns the response at once. This is also what AWS SDKs and
-//!   linkerd do.
+//!   linkerd do. [`OverCap::FailFast`] gives up instead: the outcome becomes
+//!   `Fatal` (`retry-after over cap`), its hint kept at the cap so that a
+//!   Retry-After gate still closes.
 //! * `grpc-retry-pushback-ms` (on any non-success response): a non-negative
 //!   number of milliseconds is a hint (capped the same way); a negative value
 //!   means "do not retry" and rewrites the verdict to
@@ -86,7 +88,7 @@ pub const GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-ret
 pub const DEFAULT_MAX_DELAY: Duration = Duration::from_secs(60);
 
 /// The largest cap [`RetryAfterLayer::max_delay`] accepts: one day.
-pub const MAX_MAX_DELAY: Duration = Duration::from_secs(24 * 60 * 60);
+pub const MAX_MAX_DELAY: Duration = crate::config::MAX_DURATION;
 
 /// What to do with a server-given delay above the cap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -96,6 +98,12 @@ pub enum OverCap {
     Clamp,
     /// Ignore the hint: the backoff layer then proposes its own delay.
     Discard,
+    /// Give up: a server that asks for longer than the cap is not retried
+    /// (the outcome becomes `Fatal`, reason `retry-after over cap`), and the
+    /// hint is kept at the cap so that a Retry-After gate still closes. With
+    /// the ready-made client, a gate in `GateMode::Wait` then fails new
+    /// requests to that host fast too (`GateMode::FailFast`).
+    FailFast,
 }
 
 /// Parse one `Retry-After` value: delta-seconds or an HTTP-date, relative to
@@ -152,7 +160,7 @@ pub fn cap_delay(delay: Duration, max: Duration, over_cap: OverCap) -> Option<Du
         Some(delay)
     } else {
         match over_cap {
-            OverCap::Clamp => Some(max),
+            OverCap::Clamp | OverCap::FailFast => Some(max),
             OverCap::Discard => None,
         }
     }
@@ -232,11 +240,7 @@ impl Config {
                         reason: Reason::new_static("server pushback: do not retry"),
                     });
                 }
-                Pushback::After(d) => {
-                    if let Some(d) = cap_delay(d, self.max, self.over_cap) {
-                        ext.insert(RetryAfterHint(d));
-                    }
-                }
+                Pushback::After(d) => self.record(d, ext),
             }
             return;
         }
@@ -254,7 +258,20 @@ impl Config {
         } else {
             self.now()
         };
-        if let Some(d) = retry_after_hint(None, headers, now, &[], self.max, self.over_cap) {
+        // Uncapped here: `record` applies the cap and the over-cap policy.
+        if let Some(d) = retry_after_hint(None, headers, now, &[], Duration::MAX, OverCap::Clamp) {
+            self.record(d, ext);
+        }
+    }
+
+    /// Leave the hint for a server-given `delay`, capped by the policy.
+    fn record(&self, delay: Duration, ext: &mut http::Extensions) {
+        if delay > self.max && self.over_cap == OverCap::FailFast {
+            ext.insert(Verdict::Fatal {
+                reason: Reason::new_static("retry-after over cap"),
+            });
+        }
+        if let Some(d) = cap_delay(delay, self.max, self.over_cap) {
             ext.insert(RetryAfterHint(d));
         }
     }
@@ -317,10 +334,21 @@ impl RetryAfterLayer {
 
     /// The cap on a server-given delay. Default: 60 s.
     ///
+    /// # Panics
+    ///
+    /// On a value [`try_max_delay`](Self::try_max_delay) refuses, with a message that
+    /// names it; use `try_max_delay` for values that come from configuration.
+    #[track_caller]
+    pub fn max_delay(self, max: Duration) -> Self {
+        crate::config::expect_valid("RetryAfterLayer::max_delay", self.try_max_delay(max))
+    }
+
+    /// The cap on a server-given delay. Default: 60 s.
+    ///
     /// # Errors
     ///
     /// A configuration [`Error`] if `max` is zero or above one day.
-    pub fn max_delay(mut self, max: Duration) -> Result<Self, Error> {
+    pub fn try_max_delay(mut self, max: Duration) -> Result<Self, Error> {
         if max.is_zero() {
             return Err(Error::config("RetryAfterLayer: max_delay must be > 0"));
         }
@@ -575,15 +603,15 @@ mod tests {
     #[test]
     fn bad_config_is_an_error() {
         assert!(RetryAfterLayer::new()
-            .max_delay(Duration::ZERO)
+            .try_max_delay(Duration::ZERO)
             .unwrap_err()
             .is_config());
         assert!(RetryAfterLayer::new()
-            .max_delay(Duration::from_secs(2 * 86_400))
+            .try_max_delay(Duration::from_secs(2 * 86_400))
             .unwrap_err()
             .is_config());
         assert!(RetryAfterLayer::new()
-            .max_delay(Duration::from_secs(5))
+            .try_max_delay(Duration::from_secs(5))
             .is_ok());
     }
 
@@ -677,6 +705,23 @@ mod tests {
         )
         .await;
         assert_eq!(hint(&r), None);
+        // ... or given up: fatal, the hint kept at the cap for a gate.
+        let fail = layer.clone().over_cap(OverCap::FailFast);
+        let r = run(
+            fail.clone(),
+            429,
+            &[("retry-after", "3600".into())],
+            Some(retryable()),
+        )
+        .await;
+        assert_eq!(hint(&r), Some(DEFAULT_MAX_DELAY));
+        let verdict = Verdict::of(r.extensions()).into_owned();
+        assert!(verdict.is_fatal(), "{verdict:?}");
+        assert_eq!(verdict.reason().unwrap().as_str(), "retry-after over cap");
+        // Under the cap, FailFast changes nothing.
+        let r = run(fail, 429, &[("retry-after", "3".into())], Some(retryable())).await;
+        assert_eq!(hint(&r), Some(Duration::from_secs(3)));
+        assert!(Verdict::of(r.extensions()).is_retryable());
 
         // Pushback: hint, or do-not-retry.
         let r = run(

@@ -33,7 +33,7 @@ fn answering(
     Arc<AdaptiveLimiter>,
     impl Service<Request<()>, Response = Response<()>, Error = Error> + Clone,
 ) {
-    let layer = AdaptiveLimitLayer::new(aimd).unwrap();
+    let layer = AdaptiveLimitLayer::try_new(aimd).unwrap();
     let limiter = layer.limiter().clone();
     let svc = ServiceBuilder::new()
         .layer(layer)
@@ -55,10 +55,10 @@ fn settings_are_checked() {
         Aimd::default().initial_limit(300),
         Aimd::default().max_limit(usize::MAX),
     ] {
-        let err = AdaptiveLimitLayer::new(bad).unwrap_err();
+        let err = AdaptiveLimitLayer::try_new(bad).unwrap_err();
         assert!(err.is_config(), "{bad:?} accepted");
     }
-    let ok = AdaptiveLimiter::new(Aimd::default().backoff_ratio(0.5)).unwrap();
+    let ok = AdaptiveLimiter::try_new(Aimd::default().backoff_ratio(0.5)).unwrap();
     assert_eq!(ok.current_limit(), 20);
     assert_eq!(AdaptiveLimitLayer::default().limiter().current_limit(), 20);
 }
@@ -152,7 +152,7 @@ fn gated(
 ) {
     let release = Arc::new(Semaphore::new(0));
     let calls = Arc::new(AtomicUsize::new(0));
-    let layer = AdaptiveLimitLayer::new(aimd).unwrap();
+    let layer = AdaptiveLimitLayer::try_new(aimd).unwrap();
     let limiter = layer.limiter().clone();
     let svc = {
         let release = release.clone();
@@ -279,7 +279,7 @@ async fn settles_near_the_upstreams_capacity() {
     let baseline = tokio::runtime::Handle::current()
         .metrics()
         .num_alive_tasks();
-    let layer = AdaptiveLimitLayer::new(Aimd::default().min_limit(1)).unwrap();
+    let layer = AdaptiveLimitLayer::try_new(Aimd::default().min_limit(1)).unwrap();
     let limiter = layer.limiter().clone();
     let at_server = Arc::new(AtomicUsize::new(0));
     let svc = {
@@ -355,4 +355,212 @@ async fn settles_near_the_upstreams_capacity() {
             .num_alive_tasks(),
         baseline
     );
+}
+
+/// An upstream that answers 429 at once when more than `capacity` attempts
+/// are in flight at it, and 200 after 20 ms otherwise; counts its 429s.
+fn capacity_upstream(
+    aimd: Aimd,
+    capacity: usize,
+) -> (
+    Arc<AdaptiveLimiter>,
+    Arc<AtomicUsize>,
+    impl Service<Request<()>, Response = Response<()>, Error = Error, Future = impl Send> + Clone,
+) {
+    let layer = AdaptiveLimitLayer::try_new(aimd).unwrap();
+    let limiter = layer.limiter().clone();
+    let at_server = Arc::new(AtomicUsize::new(0));
+    let rejected = Arc::new(AtomicUsize::new(0));
+    let svc = {
+        let rejected = rejected.clone();
+        ServiceBuilder::new()
+            .layer(layer)
+            .service(service_fn(move |_req: Request<()>| {
+                let n = at_server.fetch_add(1, Ordering::SeqCst) + 1;
+                let (at_server, rejected) = (at_server.clone(), rejected.clone());
+                async move {
+                    let res = if n > capacity {
+                        rejected.fetch_add(1, Ordering::SeqCst);
+                        status(429)
+                    } else {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        status(200)
+                    };
+                    at_server.fetch_sub(1, Ordering::SeqCst);
+                    Ok::<_, Infallible>(res)
+                }
+            }))
+    };
+    (limiter, rejected, svc)
+}
+
+/// `n` simultaneous requests, each retried (after 50 ms) until it succeeds,
+/// at most 100 times; returns the upstream's 429 count.
+async fn burst_until_success(aimd: Aimd, capacity: usize, n: usize) -> (usize, usize) {
+    let (limiter, rejected, svc) = capacity_upstream(aimd, capacity);
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let svc = svc.clone();
+            tokio::spawn(async move {
+                for _ in 0..100 {
+                    let res = svc.clone().oneshot(req()).await.unwrap();
+                    if res.status() == StatusCode::OK {
+                        return true;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                false
+            })
+        })
+        .collect();
+    for t in tasks {
+        assert!(t.await.unwrap(), "a request never succeeded");
+    }
+    (rejected.load(Ordering::SeqCst), limiter.current_limit())
+}
+
+/// Issue 10's burst on paused time: 40 simultaneous requests, start 8,
+/// capacity 2. The control is a fixed limit of 8 under the same retries.
+#[tokio::test(start_paused = true)]
+async fn a_burst_draws_far_fewer_429s_than_a_fixed_limit() {
+    let (control, _) = burst_until_success(
+        Aimd::default().min_limit(8).initial_limit(8).max_limit(8),
+        2,
+        40,
+    )
+    .await;
+    let (adaptive, limit) = burst_until_success(
+        Aimd::default().min_limit(1).initial_limit(8).max_limit(200),
+        2,
+        40,
+    )
+    .await;
+    println!(
+        "40 simultaneous, capacity 2: 429s adaptive {adaptive}, fixed 8 {control} ({:.2}x), limit {limit}",
+        adaptive as f64 / control as f64
+    );
+    assert!(
+        adaptive as f64 <= 0.4 * control as f64,
+        "adaptive {adaptive} vs fixed {control}"
+    );
+    assert!(
+        limit <= 4,
+        "the limit stayed far above the capacity: {limit}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn stale_429s_with_waiters_bring_the_limit_down_to_what_is_in_flight() {
+    let aimd = Aimd::default().initial_limit(8);
+    let (limiter, release, calls, svc) = gated(aimd, 429);
+    let mut first: Vec<_> = (0..8)
+        .map(|_| task::spawn(svc.clone().oneshot(req())))
+        .collect();
+    for t in &mut first {
+        assert_pending!(t.poll());
+    }
+    let mut waiting: Vec<_> = (0..4)
+        .map(|_| task::spawn(svc.clone().oneshot(req())))
+        .collect();
+    for t in &mut waiting {
+        assert_pending!(t.poll());
+    }
+    assert_eq!((limiter.in_flight(), limiter.queued()), (8, 4));
+
+    // Six of the eight come back 429 (the upstream serves the other two):
+    // the first one × 0.9, then the limit follows what is still in flight,
+    // and no waiter is let through to be refused as well.
+    release.add_permits(6);
+    for t in &mut first[..6] {
+        assert_ready!(t.poll()).unwrap();
+    }
+    assert_eq!(limiter.current_limit(), 2);
+    assert_eq!(limiter.in_flight(), 2);
+    for t in &mut waiting {
+        assert_pending!(t.poll());
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 8, "a waiter was sent");
+}
+
+/// Completes `n` successes through `svc` (a [`gated`] service answering
+/// 200) while keeping every slot of the limit in use and one attempt
+/// waiting, so that growth is never held back by an idle limit.
+async fn successes_at_full_use<S>(
+    n: usize,
+    limiter: &AdaptiveLimiter,
+    release: &Semaphore,
+    svc: &S,
+    pending: &mut Vec<tokio::task::JoinHandle<()>>,
+) where
+    S: Service<Request<()>, Response = Response<()>, Error = Error> + Clone + Send + 'static,
+    S::Future: Send,
+{
+    for _ in 0..n {
+        while pending.len() < limiter.current_limit() + 1 {
+            let svc = svc.clone();
+            pending.push(tokio::spawn(async move {
+                svc.oneshot(req()).await.unwrap();
+            }));
+        }
+        // Let every new attempt take its slot or queue.
+        tokio::task::yield_now().await;
+        tokio::task::yield_now().await;
+        let before = pending.len();
+        release.add_permits(1);
+        // Bounded: one attempt finishes within a few polls.
+        for _ in 0..100 {
+            pending.retain(|t| !t.is_finished());
+            if pending.len() < before {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(
+            pending.len(),
+            before - 1,
+            "the released attempt did not finish"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn growth_waits_at_the_last_overload_point_and_probes_past_it() {
+    let aimd = Aimd::default().initial_limit(10).max_limit(100);
+    let (limiter, release, _calls, svc) = gated(aimd, 200);
+    // One overload at 10: the limit goes to 9, and 10 is where the upstream
+    // was last overloaded.
+    let (over_limiter, over) = {
+        let layer = AdaptiveLimitLayer::shared(limiter.clone());
+        let svc =
+            ServiceBuilder::new()
+                .layer(layer)
+                .service(service_fn(|_req: Request<()>| async {
+                    Ok::<_, Infallible>(status(429))
+                }));
+        (limiter.clone(), svc)
+    };
+    over.oneshot(req()).await.unwrap();
+    assert_eq!(over_limiter.current_limit(), 9);
+
+    let mut pending = Vec::new();
+    // Growing back onto 10 takes four windows of 9, not one.
+    successes_at_full_use(9, &limiter, &release, &svc, &mut pending).await;
+    assert_eq!(limiter.current_limit(), 9);
+    successes_at_full_use(27, &limiter, &release, &svc, &mut pending).await;
+    assert_eq!(limiter.current_limit(), 10);
+    // Past it the limit probes: +1, then +2, +4, +8 per window.
+    successes_at_full_use(10, &limiter, &release, &svc, &mut pending).await;
+    assert_eq!(limiter.current_limit(), 11);
+    successes_at_full_use(11, &limiter, &release, &svc, &mut pending).await;
+    assert_eq!(limiter.current_limit(), 13);
+    successes_at_full_use(13, &limiter, &release, &svc, &mut pending).await;
+    assert_eq!(limiter.current_limit(), 17);
+    successes_at_full_use(17, &limiter, &release, &svc, &mut pending).await;
+    assert_eq!(limiter.current_limit(), 25);
+    // Never more than half the limit at once: +12 (not +16).
+    successes_at_full_use(25, &limiter, &release, &svc, &mut pending).await;
+    assert_eq!(limiter.current_limit(), 37);
+    for t in pending {
+        t.abort();
+    }
 }

@@ -14,7 +14,7 @@ async fn every_change_is_a_debug_event_with_the_current_limit() {
     let capture = Capture::new();
     let _guard = capture.set_default();
 
-    let layer = AdaptiveLimitLayer::new(Aimd::default().initial_limit(10)).unwrap();
+    let layer = AdaptiveLimitLayer::try_new(Aimd::default().initial_limit(10)).unwrap();
     let limiter = layer.limiter().clone();
     let svc = ServiceBuilder::new()
         .layer(layer)

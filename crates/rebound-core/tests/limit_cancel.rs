@@ -114,7 +114,7 @@ async fn an_already_cancelled_request_is_not_sent() {
 async fn cancelling_a_queued_request_gives_its_place_back() {
     let svc = ServiceBuilder::new()
         .layer(CancelLayer::new())
-        .layer(ConcurrencyLimitLayer::new(1).unwrap())
+        .layer(ConcurrencyLimitLayer::try_new(1).unwrap())
         .service(service_fn(|_req: Request<()>| async {
             Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"x"))))
         }));

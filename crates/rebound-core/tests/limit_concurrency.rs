@@ -52,7 +52,7 @@ fn limited(
     Arc<ConcurrencyLimiter>,
     impl Service<
             Request<()>,
-            Response = Response<rebound_core::LimitBody<Full<Bytes>>>,
+            Response = Response<rebound_core::limit::LimitBody<Full<Bytes>>>,
             Error = Error,
             Future = impl Send,
         > + Clone,
@@ -68,14 +68,16 @@ fn limited(
 
 #[test]
 fn zero_limit_is_a_config_error() {
-    let err = ConcurrencyLimitLayer::new(0).unwrap_err();
+    let err = ConcurrencyLimitLayer::try_new(0).unwrap_err();
     assert!(err.is_config(), "{err}");
-    assert!(ConcurrencyLimiter::new(usize::MAX).unwrap_err().is_config());
+    assert!(ConcurrencyLimiter::try_new(usize::MAX)
+        .unwrap_err()
+        .is_config());
 }
 
 #[tokio::test(start_paused = true)]
 async fn queue_is_fifo() {
-    let (calls, limiter, svc) = limited(ConcurrencyLimiter::new(1).unwrap());
+    let (calls, limiter, svc) = limited(ConcurrencyLimiter::try_new(1).unwrap());
     let first = svc.clone().oneshot(req("/0")).await.unwrap();
     assert_eq!(limiter.in_flight(), 1);
 
@@ -113,7 +115,7 @@ async fn queue_is_fifo() {
 
 #[tokio::test(start_paused = true)]
 async fn permit_held_until_body_is_read_to_the_end() {
-    let (calls, limiter, svc) = limited(ConcurrencyLimiter::new(1).unwrap());
+    let (calls, limiter, svc) = limited(ConcurrencyLimiter::try_new(1).unwrap());
     let first = svc.clone().oneshot(req("/first")).await.unwrap();
     assert!(first.body().holds_permit());
     assert!(first.extensions().get::<LimiterState>().is_none());
@@ -142,7 +144,7 @@ async fn permit_held_until_body_is_read_to_the_end() {
 
 #[tokio::test(start_paused = true)]
 async fn dropping_the_body_releases_the_permit_at_once() {
-    let (_calls, limiter, svc) = limited(ConcurrencyLimiter::new(1).unwrap());
+    let (_calls, limiter, svc) = limited(ConcurrencyLimiter::try_new(1).unwrap());
     let first = svc.clone().oneshot(req("/first")).await.unwrap();
     let mut second = task::spawn(svc.clone().oneshot(req("/second")));
     assert_pending!(second.poll());
@@ -174,7 +176,7 @@ async fn streamed_body_holds_the_permit_until_it_ends() {
     let (tx, rx) = mpsc::channel(4);
     let rx = Arc::new(Mutex::new(Some(rx)));
     let svc = ServiceBuilder::new()
-        .layer(ConcurrencyLimitLayer::new(1).unwrap())
+        .layer(ConcurrencyLimitLayer::try_new(1).unwrap())
         .service(service_fn(move |_req: Request<()>| {
             let body = match rx.lock().unwrap().take() {
                 Some(rx) => ChannelBody(rx).boxed(),
@@ -209,7 +211,7 @@ async fn streamed_body_holds_the_permit_until_it_ends() {
 #[tokio::test(start_paused = true)]
 async fn error_outcome_releases_at_once() {
     let svc = ServiceBuilder::new()
-        .layer(ConcurrencyLimitLayer::new(1).unwrap())
+        .layer(ConcurrencyLimitLayer::try_new(1).unwrap())
         .service(service_fn(|_req: Request<()>| async {
             Err::<Response<Full<Bytes>>, BoxError>("upstream broke".into())
         }));
@@ -224,7 +226,7 @@ async fn error_outcome_releases_at_once() {
 
 #[tokio::test(start_paused = true)]
 async fn full_queue_rejects_at_once() {
-    let (calls, limiter, svc) = limited(ConcurrencyLimiter::new(1).unwrap().max_queue(1));
+    let (calls, limiter, svc) = limited(ConcurrencyLimiter::try_new(1).unwrap().max_queue(1));
     let _first = svc.clone().oneshot(req("/1")).await.unwrap();
     let mut second = task::spawn(svc.clone().oneshot(req("/2")));
     assert_pending!(second.poll());
@@ -250,7 +252,7 @@ async fn full_queue_rejects_at_once() {
 
 #[tokio::test(start_paused = true)]
 async fn zero_queue_never_waits() {
-    let (_calls, _limiter, svc) = limited(ConcurrencyLimiter::new(1).unwrap().max_queue(0));
+    let (_calls, _limiter, svc) = limited(ConcurrencyLimiter::try_new(1).unwrap().max_queue(0));
     let _first = svc.clone().oneshot(req("/1")).await.unwrap();
     let err = svc.clone().oneshot(req("/2")).await.unwrap_err();
     assert!(err.is_rejected());
@@ -258,7 +260,7 @@ async fn zero_queue_never_waits() {
 
 #[tokio::test(start_paused = true)]
 async fn deadline_bounds_the_wait() {
-    let (calls, limiter, svc) = limited(ConcurrencyLimiter::new(1).unwrap());
+    let (calls, limiter, svc) = limited(ConcurrencyLimiter::try_new(1).unwrap());
     let _first = svc.clone().oneshot(req("/1")).await.unwrap();
 
     let start = Instant::now();
@@ -279,7 +281,7 @@ async fn deadline_bounds_the_wait() {
 
 #[tokio::test(start_paused = true)]
 async fn dropping_a_queued_request_frees_its_place_at_once() {
-    let (calls, limiter, svc) = limited(ConcurrencyLimiter::new(1).unwrap().max_queue(1));
+    let (calls, limiter, svc) = limited(ConcurrencyLimiter::try_new(1).unwrap().max_queue(1));
     let first = svc.clone().oneshot(req("/1")).await.unwrap();
 
     let mut dropped = task::spawn(svc.clone().oneshot(req("/dropped")));
@@ -300,7 +302,7 @@ async fn dropping_a_queued_request_frees_its_place_at_once() {
 
 #[tokio::test(start_paused = true)]
 async fn one_limit_shared_by_two_stacks() {
-    let limiter = Arc::new(ConcurrencyLimiter::new(1).unwrap());
+    let limiter = Arc::new(ConcurrencyLimiter::try_new(1).unwrap());
     let calls = Calls::default();
     let a = ServiceBuilder::new()
         .layer(ConcurrencyLimitLayer::shared(limiter.clone()))
@@ -365,7 +367,7 @@ async fn many_requests_never_exceed_the_limit_and_leave_nothing_behind() {
     let svc = {
         let active = active.clone();
         ServiceBuilder::new()
-            .layer(ConcurrencyLimitLayer::new(LIMIT).unwrap())
+            .layer(ConcurrencyLimitLayer::try_new(LIMIT).unwrap())
             .service(service_fn(move |_req: Request<()>| {
                 let guard = ActiveGuard::enter(&active);
                 async move {

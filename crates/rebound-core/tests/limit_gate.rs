@@ -210,17 +210,29 @@ async fn the_authority_is_scheme_host_and_effective_port() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn only_429_and_503_with_a_hint_close_the_gate() {
+async fn only_429_with_a_hint_closes_the_gate_and_503_when_asked() {
     let layer = RetryAfterGateLayer::new().fail_fast();
     let table = layer.table().clone();
-    let (_calls, svc) = upstream(layer);
-    for path in ["/nohint", "/okhint", "/plain"] {
+    let (calls, svc) = upstream(layer);
+    // By default a 503's Retry-After paces only its own request (its
+    // retry): one failing endpoint does not hold its host.
+    for path in ["/nohint", "/okhint", "/plain", "/busy503"] {
         svc.clone()
             .oneshot(req(&format!("http://a.test{path}")))
             .await
             .unwrap();
         assert!(table.is_empty(), "{path} closed the gate");
     }
+    svc.clone()
+        .oneshot(req("http://a.test/other"))
+        .await
+        .unwrap();
+    assert_eq!(calls.lock().unwrap().len(), 5);
+
+    // Asked for: a 503 with a hint closes the host's gate as a 429 does.
+    let layer = RetryAfterGateLayer::new().fail_fast().close_on_503(true);
+    let table = layer.table().clone();
+    let (_calls, svc) = upstream(layer);
     svc.clone()
         .oneshot(req("http://a.test/busy503"))
         .await
@@ -229,6 +241,59 @@ async fn only_429_and_503_with_a_hint_close_the_gate() {
         .closed_until(&"http://a.test/".parse().unwrap())
         .unwrap();
     assert_eq!(until - Instant::now(), Duration::from_secs(2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn off_holds_nothing_and_closes_nothing() {
+    let layer = RetryAfterGateLayer::new().mode(GateMode::Off);
+    let table = layer.table().clone();
+    let (calls, svc) = upstream(layer);
+    let start = Instant::now();
+    svc.clone()
+        .oneshot(req("http://a.test/busy"))
+        .await
+        .unwrap();
+    assert!(table.is_empty(), "an Off gate closed");
+    // Even a gate closed by someone else over the same table is ignored.
+    table.close(
+        &"http://a.test/".parse().unwrap(),
+        start + Duration::from_secs(10),
+    );
+    svc.clone()
+        .oneshot(req("http://a.test/next"))
+        .await
+        .unwrap();
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    assert_eq!(calls.lock().unwrap().len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_gate_that_does_not_close_holds_at_gates_closed_by_others() {
+    let table = Arc::new(GateTable::default());
+    // The holding gate only: a 429 through it closes nothing.
+    let (calls, holding) = upstream(RetryAfterGateLayer::shared(table.clone()).closes_gates(false));
+    holding
+        .clone()
+        .oneshot(req("http://a.test/busy"))
+        .await
+        .unwrap();
+    assert!(table.is_empty());
+    // Closed by another gate over the same table: held until it opens.
+    let start = Instant::now();
+    table.close(
+        &"http://a.test/".parse().unwrap(),
+        start + Duration::from_secs(2),
+    );
+    let other = holding.clone().oneshot(req("http://b.test/x"));
+    other.await.unwrap();
+    assert_eq!(start.elapsed(), Duration::ZERO, "another host was held");
+    holding
+        .clone()
+        .oneshot(req("http://a.test/x"))
+        .await
+        .unwrap();
+    assert_eq!(start.elapsed(), Duration::from_secs(2));
+    assert_eq!(calls_to(&calls, "a.test").len(), 2);
 }
 
 #[tokio::test(start_paused = true)]
@@ -281,8 +346,8 @@ async fn dropping_a_waiting_request_sends_nothing() {
 
 #[tokio::test(start_paused = true)]
 async fn the_table_is_bounded() {
-    assert!(GateTable::new(0).unwrap_err().is_config());
-    let table = Arc::new(GateTable::new(2).unwrap());
+    assert!(GateTable::try_new(0).unwrap_err().is_config());
+    let table = Arc::new(GateTable::try_new(2).unwrap());
     let now = Instant::now();
     let uri = |h: &str| format!("http://{h}/").parse::<http::Uri>().unwrap();
     table.close(&uri("a.test"), now + Duration::from_secs(10));
@@ -310,4 +375,72 @@ async fn the_table_is_bounded() {
         .unwrap_err()
         .is_throttled());
     assert!(calls.lock().unwrap().is_empty());
+}
+
+/// A request that queued for a client-wide permit while its host's gate
+/// closed gives the permit back while it waits at the gate, so a request to
+/// another host goes at once; it takes the permit again (FIFO) when the gate
+/// opens.
+#[tokio::test(start_paused = true)]
+async fn a_queued_request_gives_its_permit_back_while_the_gate_holds_it() {
+    use bytes::Bytes;
+    use http_body_util::Full;
+    use rebound_core::limit::{ConcurrencyLimitLayer, ConcurrencyLimiter};
+    use tokio::sync::Semaphore;
+
+    let limiter = Arc::new(ConcurrencyLimiter::try_new(1).unwrap());
+    let table = Arc::new(GateTable::default());
+    let release = Arc::new(Semaphore::new(0));
+    let calls = Calls::default();
+    let svc = {
+        let (release, calls) = (release.clone(), calls.clone());
+        ServiceBuilder::new()
+            .layer(ConcurrencyLimitLayer::shared(limiter.clone()))
+            .layer(RetryAfterGateLayer::shared(table.clone()))
+            .service(service_fn(move |req: Request<()>| {
+                let what = format!(
+                    "{}{}",
+                    req.uri().authority().map_or("", |a| a.as_str()),
+                    req.uri().path()
+                );
+                calls.lock().unwrap().push((what, Instant::now()));
+                let release = release.clone();
+                async move {
+                    if req.uri().path() == "/slow" {
+                        release.acquire().await.unwrap().forget();
+                    }
+                    Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
+                }
+            }))
+    };
+    let start = Instant::now();
+    // X holds the only permit; Y (to a.test) queues behind it.
+    let mut x = task::spawn(svc.clone().oneshot(req("http://b.test/slow")));
+    assert_pending!(x.poll());
+    let mut y = task::spawn(svc.clone().oneshot(req("http://a.test/y")));
+    assert_pending!(y.poll());
+    assert_eq!(limiter.queued(), 1);
+    // a.test's gate closes while Y queues.
+    table.close(
+        &"http://a.test/".parse().unwrap(),
+        start + Duration::from_secs(2),
+    );
+    // X ends: Y gets the permit, meets the closed gate, gives it back.
+    release.add_permits(1);
+    x.await.unwrap();
+    assert_pending!(y.poll());
+    assert_eq!(limiter.in_flight(), 0, "Y holds its permit at the gate");
+    // Another host goes at once.
+    svc.clone().oneshot(req("http://b.test/now")).await.unwrap();
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    assert!(calls_to(&calls, "a.test").is_empty());
+    // The gate opens: Y takes a permit again and goes.
+    let res = y.await.unwrap();
+    assert_eq!(start.elapsed(), Duration::from_secs(2));
+    assert_eq!(
+        calls_to(&calls, "a.test"),
+        vec![start + Duration::from_secs(2)]
+    );
+    drop(res);
+    assert_eq!(limiter.available(), 1, "every permit returned");
 }

@@ -19,8 +19,8 @@ use rebound_core::body::ReplayableBody;
 use rebound_core::classify::Classify;
 use rebound_core::retry_after::RetryAfter;
 use rebound_core::{
-    Attempt, Attempts, Backoff, BackoffLayer, BoxError, ClassifyLayer, Deadline, DelaySource,
-    Error, ErrorKind, HttpClassifier, PreviousAttempt, Retry, RetryAfterLayer, RetryBudget,
+    retry::Retry, Attempt, Attempts, Backoff, BackoffLayer, BoxError, ClassifyLayer, Deadline,
+    DelaySource, Error, ErrorKind, HttpClassifier, PreviousAttempt, RetryAfterLayer, RetryBudget,
     RetryLayer, RetryPolicy, RetryStop, Verdict,
 };
 use rebound_test::mock::{MockService, Reply};
@@ -416,13 +416,14 @@ async fn a_retry_refused_for_the_body_costs_no_budget() {
     let mock = MockService::new()
         .respond(Reply::code(503))
         .otherwise(Reply::code(200));
-    // No ratio, a floor of 1/s over 10 s: 10 retries in the window.
-    let budget = Arc::new(RetryBudget::new(0.0, Duration::from_secs(10), 1).unwrap());
+    // No ratio, a floor of 1/s over 10 s: 10 retries in the window, paced
+    // by a bucket of 1 (the floor accrues over time): one retry now.
+    let budget = Arc::new(RetryBudget::try_new(0.0, Duration::from_secs(10), 1).unwrap());
     let policy = RetryPolicy::default().budget(budget.clone());
     let r = Request::get("http://test.example/")
         .body(OneCopy(Some(Bytes::from_static(b"stream")), true))
         .unwrap();
-    assert_eq!(budget.remaining(), 10);
+    assert_eq!(budget.remaining(), 1);
     let res = stack_with(mock.clone(), policy).oneshot(r).await.unwrap();
     assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(
@@ -430,7 +431,7 @@ async fn a_retry_refused_for_the_body_costs_no_budget() {
         Some(&RetryStop::NotReplayable)
     );
     assert_eq!(mock.call_count(), 1);
-    assert_eq!(budget.remaining(), 10, "no retry was sent, none is charged");
+    assert_eq!(budget.remaining(), 1, "no retry was sent, none is charged");
 }
 
 /// A response body that records how much of it was read, when, and when it
@@ -627,7 +628,7 @@ async fn budget_bounds_a_total_outage_at_defaults() {
 #[tokio::test(start_paused = true)]
 async fn budget_bound_holds_at_ratios_that_are_not_one_over_n() {
     for ratio in [0.1, 0.2, 0.6] {
-        let budget = Arc::new(RetryBudget::new(ratio, Duration::from_secs(10), 0).unwrap());
+        let budget = Arc::new(RetryBudget::try_new(ratio, Duration::from_secs(10), 0).unwrap());
         let policy = RetryPolicy::default()
             .max_attempts(3)
             .budget(budget.clone());
@@ -646,9 +647,66 @@ async fn budget_bound_holds_at_ratios_that_are_not_one_over_n() {
     }
 }
 
+/// One request with `max_attempts(100)` against a 503 storm, with a 1 ms
+/// backoff: the floor is a token bucket (a burst of 10 at the default 10/s),
+/// so it does not get the window's whole floor (100) at once.
+#[tokio::test(start_paused = true)]
+async fn one_request_cannot_take_the_whole_floor_at_once() {
+    let mock = MockService::new().otherwise(Reply::code(503));
+    let budget = Arc::new(RetryBudget::default());
+    let storm = |mock: &MockService, budget: &Arc<RetryBudget>| {
+        ServiceBuilder::new()
+            .layer(RetryLayer::new(
+                RetryPolicy::default()
+                    .max_attempts(100)
+                    .budget(budget.clone()),
+            ))
+            .layer(BackoffLayer::new(Backoff::exponential(
+                Duration::from_millis(1),
+                Duration::from_millis(1),
+            )))
+            .layer(ClassifyLayer::new(HttpClassifier::default()))
+            .service(mock.clone())
+    };
+    let start = Instant::now();
+    let res = storm(&mock, &budget).oneshot(get()).await.unwrap();
+    let took = start.elapsed();
+    let at = |limit: Duration| {
+        mock.calls()
+            .iter()
+            .filter(|c| c.at - start <= limit)
+            .count()
+    };
+    let in_200ms = at(Duration::from_millis(200));
+    println!(
+        "max_attempts(100), 503 storm, default budget: {} attempts in 200 ms, {} in all, \
+         stopped by {:?} after {took:?}",
+        in_200ms,
+        mock.call_count(),
+        res.extensions().get::<RetryStop>()
+    );
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    // The first attempt, the burst of 10, then one more per 100 ms.
+    assert!(in_200ms <= 1 + 10 + 2, "{in_200ms} attempts in 200 ms");
+    assert!(in_200ms >= 11, "the burst is usable: {in_200ms}");
+    // The budget refuses (it never waits): the request stops after the
+    // burst, leaving the rest of the window's floor to other requests.
+    assert_eq!(mock.call_count(), 11);
+    assert_eq!(
+        res.extensions().get::<RetryStop>(),
+        Some(&RetryStop::Budget)
+    );
+    // A second later the floor has accrued again: another storm-struck
+    // request gets its own burst.
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let res = storm(&mock, &budget).oneshot(get()).await.unwrap();
+    assert_eq!(Attempts::of(res.extensions()), 11);
+    assert_eq!(mock.call_count(), 22);
+}
+
 #[tokio::test(start_paused = true)]
 async fn budget_shared_across_layers() {
-    let budget = Arc::new(RetryBudget::new(0.1, Duration::from_secs(10), 0).unwrap());
+    let budget = Arc::new(RetryBudget::try_new(0.1, Duration::from_secs(10), 0).unwrap());
     let a = MockService::new().otherwise(Reply::code(503));
     let b = MockService::new().otherwise(Reply::code(503));
     let sa = stack_with(a.clone(), RetryPolicy::default().budget(budget.clone()));

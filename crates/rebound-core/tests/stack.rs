@@ -80,8 +80,8 @@ impl Parts {
     fn new() -> Self {
         Parts {
             trace: TraceLayer::new(),
-            limit: ConcurrencyLimitLayer::new(4).unwrap(),
-            adaptive: AdaptiveLimitLayer::new(Aimd::default()).unwrap(),
+            limit: ConcurrencyLimitLayer::try_new(4).unwrap(),
+            adaptive: AdaptiveLimitLayer::try_new(Aimd::default()).unwrap(),
             gate: RetryAfterGateLayer::new(),
             retry: RetryLayer::try_new(RetryPolicy::default().max_attempts(3)).unwrap(),
             probe: Probe::new(),

@@ -202,7 +202,7 @@ async fn a_path_redaction_reaches_spans_events_and_errors_named_deep_in_the_stac
             .layer(RetryLayer::new(RetryPolicy::default().max_attempts(2)))
             .layer(trace.attempt_layer())
             .layer(ClassifyLayer::new(HttpClassifier::default()))
-            .layer(AttemptTimeoutLayer::new(Duration::from_secs(1)).unwrap())
+            .layer(AttemptTimeoutLayer::try_new(Duration::from_secs(1)).unwrap())
             .service(mock.clone());
         let req = Request::get(format!("https://api.example.com/v1/keys/{KEY}"))
             .body(Full::new(Bytes::new()))

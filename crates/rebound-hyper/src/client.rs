@@ -38,13 +38,14 @@
 //! | [`TraceLayer`] | one span per logical request, redaction | [`trace`](ClientBuilder::trace), [`path_redaction`](ClientBuilder::path_redaction) |
 //! | [`CancelLayer`] | a [`Cancel`](rebound_core::Cancel) token on the request ends it at once | always on (free without a token) |
 //! | [`DeadlineLayer`] | the total budget, also over the response body | [`total_timeout`](ClientBuilder::total_timeout) |
+//! | [`RetryAfterGateLayer`] (holding) | new requests to a host whose gate is closed wait here, holding no permit | [`retry_after_gate`](ClientBuilder::retry_after_gate) |
 //! | [`ConcurrencyLimitLayer`] | logical requests in flight, held until the body ends | [`concurrency_limit`](ClientBuilder::concurrency_limit) |
 //! | [`IdempotencyKeyLayer`] | POST/PATCH get an `Idempotency-Key` once | [`idempotency_keys`](ClientBuilder::idempotency_keys) |
 //! | [`RetryLayer`] | the only loop; budget shared by all clones | [`max_attempts`](ClientBuilder::max_attempts), [`retry_budget`](ClientBuilder::retry_budget) |
 //! | [`HedgeLayer`] | **off by default**; on, a first attempt with no answer after a delay gets a copy, the first acceptable answer wins, the other is cancelled; hedges spend the retry budget, and a hedged request is not retried | [`hedge`](ClientBuilder::hedge) |
 //! | [`AttemptTraceLayer`](rebound_core::trace::AttemptTraceLayer) | one child span per attempt | with `trace` |
 //! | [`BackoffLayer`] | proposes the delay; Retry-After wins | [`backoff`](ClientBuilder::backoff) |
-//! | [`RetryAfterGateLayer`] | holds new requests to a host that asked for a pause | [`retry_after_gate`](ClientBuilder::retry_after_gate) (wait or fail fast) |
+//! | [`RetryAfterGateLayer`] (closing) | closes a host's gate on a 429 with Retry-After; holds retries | [`retry_after_gate`](ClientBuilder::retry_after_gate) (wait, fail fast, off), [`retry_after_gate_on_503`](ClientBuilder::retry_after_gate_on_503) |
 //! | [`AdaptiveLimitLayer`] | attempts in flight; shrinks on 429/503/timeouts | [`adaptive_limit`](ClientBuilder::adaptive_limit) |
 //! | [`RetryAfterLayer`] | parses Retry-After / pushback into a hint | [`retry_after_cap`](ClientBuilder::retry_after_cap) |
 //! | [`ClassifyLayer`] | each attempt's [`Verdict`](rebound_core::Verdict) | [`classifier`](ClientBuilder::classifier) |
@@ -52,8 +53,32 @@
 //! | [`HyperTransport`] | connect and TLS timeouts, body idle / rate timeouts, HTTP/2 keep-alive PING; retires an HTTP/2 connection whose attempt timed out | [`connect_timeout`](ClientBuilder::connect_timeout), [`http2_keep_alive_interval`](ClientBuilder::http2_keep_alive_interval), ... |
 //!
 //! A layer that is "off" stays in the stack configured as a pass-through
-//! (a limit no one reaches, an empty method set), so the client has one
-//! shape whatever its configuration.
+//! (a limit no one reaches, an empty method set, a gate in
+//! [`GateMode::Off`] that costs one branch), so the client has one shape
+//! whatever its configuration.
+//!
+//! # Faults stay with their host
+//!
+//! A request that waits for one host holds nothing that requests to other
+//! hosts need (DESIGN.md §10): the Retry-After gate appears twice over one
+//! [`GateTable`]. The lower gate, below the retry loop, closes a host's gate
+//! when an attempt's response asks for a pause, and holds that request's
+//! retries. The upper gate, **above the concurrency limit**, holds new
+//! requests to a closed host before they take a concurrency permit, so a
+//! throttled host cannot use up the permits and stall other hosts. The
+//! permit itself is still held by one logical request across its attempts
+//! and backoff sleeps, and until its response body ends.
+//!
+//! A request that passed the holding gate while it was open, then queued
+//! for a permit while the gate closed, meets the closed gate below: the
+//! concurrency limit lends such a (queued) request's permit as a
+//! [`PermitLease`](rebound_core::annotations::PermitLease), and the gate
+//! gives it back while the request waits and takes it again (FIFO,
+//! bounded by the deadline) when the gate opens. What still holds a
+//! permit: a request's own backoff sleep, e.g. the retry of the request
+//! that got the 429 sleeping its Retry-After (that request is in flight,
+//! by design). The adaptive limit is one per client, not per host, so its
+//! waits are not per-host waits.
 //!
 //! # Request bodies and JSON
 //!
@@ -132,6 +157,17 @@ pub const DEFAULT_MAX_RESPONSE_BODY: usize = 10 * 1024 * 1024;
 /// Default upper bound of the [adaptive limit](ClientBuilder::adaptive_limit):
 /// 256 attempts in flight.
 pub const DEFAULT_ADAPTIVE_MAX: usize = 256;
+
+/// The client's default [adaptive limit](ClientBuilder::adaptive_limit)
+/// settings: min 1, initial and max [`DEFAULT_ADAPTIVE_MAX`], the default
+/// backoff ratio. Useful to build a shared
+/// [`AdaptiveLimiter`] that behaves as the default one.
+pub fn default_adaptive_limit() -> Aimd {
+    Aimd::default()
+        .min_limit(1)
+        .initial_limit(DEFAULT_ADAPTIVE_MAX)
+        .max_limit(DEFAULT_ADAPTIVE_MAX)
+}
 
 /// The body of a response from [`Client`]: the transport's body (idle and
 /// minimum-rate timeouts), holding its concurrency permit until it ends or
@@ -262,6 +298,7 @@ pub struct ClientBuilder {
     adaptive: Option<Aimd>,
     adaptive_shared: Option<Arc<AdaptiveLimiter>>,
     gate: GateMode,
+    gate_503: bool,
     gate_table: Option<Arc<GateTable>>,
     idempotency: bool,
     hedge: HedgePolicy,
@@ -288,14 +325,10 @@ impl Default for ClientBuilder {
             classifier: HttpClassifier::default(),
             concurrency: None,
             concurrency_shared: None,
-            adaptive: Some(
-                Aimd::default()
-                    .min_limit(1)
-                    .initial_limit(DEFAULT_ADAPTIVE_MAX)
-                    .max_limit(DEFAULT_ADAPTIVE_MAX),
-            ),
+            adaptive: Some(default_adaptive_limit()),
             adaptive_shared: None,
             gate: GateMode::Wait,
+            gate_503: false,
             gate_table: None,
             idempotency: true,
             hedge: HedgePolicy::off(),
@@ -426,7 +459,8 @@ impl ClientBuilder {
     /// The retry budget shared by every clone of the client (and by any
     /// other client given the same `Arc`). Default: a new
     /// [`RetryBudget::default`] per built client (20 % of requests over
-    /// 10 s, at least 10 retries per second).
+    /// 10 s, at least 10 retries per second, in bursts of at most 10: the
+    /// floor accrues over time, see [`RetryBudget`]).
     pub fn retry_budget(mut self, budget: Arc<RetryBudget>) -> Self {
         self.budget = Some(budget);
         self
@@ -478,10 +512,12 @@ impl ClientBuilder {
     }
 
     /// The adaptive (AIMD) limit on attempts in flight, or `None` to turn it
-    /// off. Default: min 1, initial and max 256 — unlimited in practice
-    /// until the upstream answers 429/503 or times out, then it shrinks by
-    /// 0.9× per overload signal and grows back by one per window of
-    /// successes.
+    /// off. Default: [`default_adaptive_limit`]: min 1, initial and max 256
+    /// — unlimited in practice until the upstream answers 429/503 or times
+    /// out; then it shrinks by 0.9× on the first overload and, while
+    /// attempts wait, down to what the upstream is still serving, and grows
+    /// back by one per window of successes (probing faster past the last
+    /// overload point). See [`rebound_core::limit::adaptive`].
     pub fn adaptive_limit(mut self, aimd: impl Into<Option<Aimd>>) -> Self {
         self.adaptive = aimd.into();
         self.adaptive_shared = None;
@@ -495,12 +531,33 @@ impl ClientBuilder {
         self
     }
 
-    /// After a 429/503 with Retry-After, hold new requests to that host
-    /// until the time has passed ([`GateMode::Wait`], bounded by their
-    /// deadline) or fail them at once with a `throttled` error
-    /// ([`GateMode::FailFast`]). Default: `Wait`.
+    /// The Retry-After gate: after a **429** with a Retry-After, hold new
+    /// requests to that **host** (scheme, host and port; any path) until
+    /// the pause has passed ([`GateMode::Wait`], bounded by each request's
+    /// deadline), fail them at once with a `throttled` error
+    /// ([`GateMode::FailFast`]), or keep no gate at all
+    /// ([`GateMode::Off`]). The pause is the server's Retry-After, capped
+    /// at [`retry_after_cap`](Self::retry_after_cap) (60 s by default). A
+    /// **503**'s Retry-After paces only the request that received it (its
+    /// retry waits the hint), unless
+    /// [`retry_after_gate_on_503`](Self::retry_after_gate_on_503) is set.
+    /// Requests to other hosts are never held, and a request held at a
+    /// gate holds no concurrency permit (see the [module
+    /// docs](self#faults-stay-with-their-host)). With
+    /// [`retry_after_over_cap`](Self::retry_after_over_cap)`(`[`OverCap::FailFast`]`)`,
+    /// `Wait` becomes `FailFast`: a client that gives up on a pause over
+    /// the cap does not queue new requests behind it. Default: `Wait`.
     pub fn retry_after_gate(mut self, mode: GateMode) -> Self {
         self.gate = mode;
+        self
+    }
+
+    /// Whether a 503 with a Retry-After closes its host's gate, as a 429
+    /// does: every endpoint of that host is then held, not only the
+    /// request that got the 503. Default: `false` (one failing endpoint
+    /// does not hold the healthy endpoints of its host).
+    pub fn retry_after_gate_on_503(mut self, enabled: bool) -> Self {
+        self.gate_503 = enabled;
         self
     }
 
@@ -683,8 +740,8 @@ impl ClientBuilder {
     {
         let timeouts = self.timeouts();
         let total = timeouts.total;
-        let deadline = DeadlineLayer::new(total)?;
-        let attempt = AttemptTimeoutLayer::new(timeouts.attempt)?;
+        let deadline = DeadlineLayer::try_new(total)?;
+        let attempt = AttemptTimeoutLayer::try_new(timeouts.attempt)?;
         // Only user-set values can fail this: a default attempt timeout has
         // already shrunk to the total, and a default total grown to the
         // attempt timeout.
@@ -719,33 +776,43 @@ impl ClientBuilder {
         let hedge = HedgeLayer::try_new(hedge)?;
 
         let retry_after = RetryAfterLayer::new()
-            .max_delay(self.retry_after_cap)?
+            .try_max_delay(self.retry_after_cap)?
             .over_cap(self.retry_after_over_cap);
 
         // "Off" is a pass-through configuration of the same layer, so the
         // client keeps one concrete type: a limit no one can reach.
         let concurrency = match (self.concurrency_shared, self.concurrency) {
             (Some(shared), _) => ConcurrencyLimitLayer::shared(shared),
-            (None, Some(max)) => ConcurrencyLimitLayer::new(max)?,
-            (None, None) => ConcurrencyLimitLayer::new(Semaphore::MAX_PERMITS)?,
+            (None, Some(max)) => ConcurrencyLimitLayer::try_new(max)?,
+            (None, None) => ConcurrencyLimitLayer::try_new(Semaphore::MAX_PERMITS)?,
         };
         let adaptive = match (self.adaptive_shared, self.adaptive) {
             (Some(shared), _) => AdaptiveLimitLayer::shared(shared),
-            (None, Some(aimd)) => AdaptiveLimitLayer::new(aimd)?,
-            (None, None) => AdaptiveLimitLayer::new(
+            (None, Some(aimd)) => AdaptiveLimitLayer::try_new(aimd)?,
+            (None, None) => AdaptiveLimitLayer::try_new(
                 Aimd::default()
                     .min_limit(Semaphore::MAX_PERMITS)
                     .initial_limit(Semaphore::MAX_PERMITS)
                     .max_limit(Semaphore::MAX_PERMITS),
             )?,
         };
+        // Two gates over one table (see "Faults stay with their host"): the
+        // lower one closes gates and holds retries, the upper one holds new
+        // requests before they take a concurrency permit.
         let gate = {
             let layer = match self.gate_table {
                 Some(table) => RetryAfterGateLayer::shared(table),
                 None => RetryAfterGateLayer::new(),
             };
-            layer.mode(self.gate)
+            // A client that gives up on a Retry-After over the cap does not
+            // queue new requests behind that pause either.
+            let mode = match (self.retry_after_over_cap, self.gate) {
+                (OverCap::FailFast, GateMode::Wait) => GateMode::FailFast,
+                (_, mode) => mode,
+            };
+            layer.mode(mode).close_on_503(self.gate_503)
         };
+        let hold = gate.clone().closes_gates(false);
         let idempotency = if self.idempotency {
             IdempotencyKeyLayer::new()
         } else {
@@ -762,12 +829,9 @@ impl ClientBuilder {
         let attempts = AttemptStack::new(trace.attempt_layer().layer(backoff.layer(gate.layer(
             adaptive.layer(retry_after.layer(classify.layer(attempt.layer(transport.clone())))),
         ))));
-        let stack =
-            trace.layer(CancelLayer::new().layer(
-                deadline.layer(
-                    concurrency.layer(idempotency.layer(retry.layer(hedge.layer(attempts)))),
-                ),
-            ));
+        let stack = trace.layer(CancelLayer::new().layer(deadline.layer(
+            hold.layer(concurrency.layer(idempotency.layer(retry.layer(hedge.layer(attempts))))),
+        )));
 
         // The JSON helpers' stack: the very same layer values (their state is
         // behind `Arc`s, so both stacks share the pool, budget, limiters and
@@ -780,9 +844,9 @@ impl ClientBuilder {
         let collecting_attempts = CollectingAttemptStack::new(trace.attempt_layer().layer(
             backoff.layer(gate.layer(adaptive.layer(retry_after.layer(classify.layer(collected))))),
         ));
-        let collecting = trace.layer(CancelLayer::new().layer(deadline.layer(
+        let collecting = trace.layer(CancelLayer::new().layer(deadline.layer(hold.layer(
             concurrency.layer(idempotency.layer(retry.layer(hedge.layer(collecting_attempts)))),
-        )));
+        ))));
         Ok(Client {
             inner: Stack::new(stack),
             collecting: CollectingStack::new(collecting),

@@ -19,7 +19,7 @@
 //! });
 //!
 //! let connector = Connector::http(tls_config(&TlsRoots::Webpki, true)?)
-//!     .tls_timeout(Duration::from_millis(200))?;
+//!     .tls_timeout(Duration::from_millis(200));
 //! let uri: http::Uri = format!("https://localhost:{}/", addr.port()).parse().unwrap();
 //! let err = connector.oneshot(uri).await.unwrap_err();
 //! assert_eq!(err.timeout_stage(), Some(TimeoutStage::Tls));
@@ -207,13 +207,40 @@ impl<C> Connector<C> {
     /// The time allowed for the TCP stage (DNS and every address tried).
     /// Default: 3 s.
     ///
+    /// # Panics
+    ///
+    /// On a value [`try_connect_timeout`](Self::try_connect_timeout) refuses, with a message that
+    /// names it; use `try_connect_timeout` for values that come from configuration.
+    #[track_caller]
+    pub fn connect_timeout(self, d: Duration) -> Self {
+        rebound_core::config::expect_valid(
+            "Connector::connect_timeout",
+            self.try_connect_timeout(d),
+        )
+    }
+
+    /// The time allowed for the TCP stage (DNS and every address tried).
+    /// Default: 3 s.
+    ///
     /// # Errors
     ///
     /// A [configuration error](Error::is_config) if `d` is zero or over a
     /// day.
-    pub fn connect_timeout(mut self, d: Duration) -> Result<Self, Error> {
+    pub fn try_connect_timeout(mut self, d: Duration) -> Result<Self, Error> {
         self.connect_timeout = validate("connect timeout", d)?;
         Ok(self)
+    }
+
+    /// The time allowed for the TLS handshake, from TCP-established.
+    /// Default: 5 s.
+    ///
+    /// # Panics
+    ///
+    /// On a value [`try_tls_timeout`](Self::try_tls_timeout) refuses, with a message that
+    /// names it; use `try_tls_timeout` for values that come from configuration.
+    #[track_caller]
+    pub fn tls_timeout(self, d: Duration) -> Self {
+        rebound_core::config::expect_valid("Connector::tls_timeout", self.try_tls_timeout(d))
     }
 
     /// The time allowed for the TLS handshake, from TCP-established.
@@ -223,7 +250,7 @@ impl<C> Connector<C> {
     ///
     /// A [configuration error](Error::is_config) if `d` is zero or over a
     /// day.
-    pub fn tls_timeout(mut self, d: Duration) -> Result<Self, Error> {
+    pub fn try_tls_timeout(mut self, d: Duration) -> Result<Self, Error> {
         self.tls_timeout = validate("TLS timeout", d)?;
         Ok(self)
     }

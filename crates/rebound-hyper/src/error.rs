@@ -25,60 +25,14 @@
 //! classifier can tell it from a handshake that may work next time.
 
 use std::error::Error as StdError;
-use std::fmt;
 use std::io;
 
-use http::{Method, Request, Uri};
 use rebound_core::annotations::CertificateRejected;
 use rebound_core::{BoxError, Error, ErrorKind, Sent};
 
-/// What an error says about its request: method and URI, kept only to call
-/// [`Error::with_request`] (which redacts) when something fails.
-#[derive(Clone)]
-pub(crate) struct RequestName {
-    method: Method,
-    uri: Uri,
-}
+pub(crate) use rebound_core::redact::RequestName;
 
-impl RequestName {
-    pub(crate) fn of<B>(req: &Request<B>) -> Self {
-        RequestName {
-            method: req.method().clone(),
-            uri: req.uri().clone(),
-        }
-    }
-
-    pub(crate) fn name(&self, err: Error) -> Error {
-        err.with_request(&self.method, &self.uri)
-    }
-}
-
-impl fmt::Debug for RequestName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} {}",
-            self.method,
-            rebound_core::redact::RedactedUri::new(&self.uri)
-        )
-    }
-}
-
-/// Iterate over `err` and its `source()` chain, looking inside `io::Error`s
-/// too (an `io::Error`'s own `source()` skips the error it wraps).
-fn chain<'a>(
-    err: &'a (dyn StdError + 'static),
-) -> impl Iterator<Item = &'a (dyn StdError + 'static)> {
-    let mut next = Some(err);
-    std::iter::from_fn(move || {
-        let cur = next?;
-        next = match cur.downcast_ref::<io::Error>().and_then(|io| io.get_ref()) {
-            Some(inner) => Some(inner as &(dyn StdError + 'static)),
-            None => cur.source(),
-        };
-        Some(cur)
-    })
-}
+use rebound_core::foreign::chain;
 
 /// A short, secret-free description of the most telling error in the chain.
 pub(crate) fn describe(err: &(dyn StdError + 'static)) -> Option<&'static str> {
@@ -293,6 +247,8 @@ pub(crate) fn from_body(err: BoxError) -> Error {
 
 #[cfg(test)]
 mod tests {
+    use std::fmt;
+
     use super::*;
 
     #[derive(Debug)]

@@ -17,7 +17,7 @@
 //!     }
 //!     Some((Ok::<_, std::io::Error>(http_body::Frame::data(Bytes::from("head"))), n + 1))
 //! }));
-//! let timeouts = BodyTimeouts::new().idle(Duration::from_secs(5))?;
+//! let timeouts = BodyTimeouts::new().idle(Duration::from_secs(5));
 //! let mut body = Box::pin(ResponseBody::new(stalled, timeouts));
 //! assert!(body.frame().await.unwrap().is_ok());
 //! let err = body.frame().await.unwrap().unwrap_err();
@@ -69,19 +69,8 @@ use tokio::time::{Instant, Sleep};
 
 use crate::error::{from_body, RequestName};
 
-pub(crate) const MAX_DURATION: Duration = Duration::from_secs(24 * 60 * 60);
-
-pub(crate) fn validate(what: &str, d: Duration) -> Result<Duration, Error> {
-    if d.is_zero() {
-        return Err(Error::config(format!("{what} must be greater than zero")));
-    }
-    if d > MAX_DURATION {
-        return Err(Error::config(format!(
-            "{what} of {d:?} is longer than the maximum of {MAX_DURATION:?}"
-        )));
-    }
-    Ok(d)
-}
+pub(crate) use rebound_core::config::validate_duration as validate;
+use rebound_core::config::MAX_DURATION;
 
 // ===== impl MinBodyRate =====
 
@@ -97,11 +86,23 @@ impl MinBodyRate {
     /// At least `bytes_per_sec` bytes per second, judged over windows of
     /// `window` of waiting time. The grace period defaults to `window`.
     ///
+    /// # Panics
+    ///
+    /// On a value [`try_new`](Self::try_new) refuses, with a message that
+    /// names it; use `try_new` for values that come from configuration.
+    #[track_caller]
+    pub fn new(bytes_per_sec: u64, window: Duration) -> Self {
+        rebound_core::config::expect_valid("MinBodyRate::new", Self::try_new(bytes_per_sec, window))
+    }
+
+    /// At least `bytes_per_sec` bytes per second, judged over windows of
+    /// `window` of waiting time. The grace period defaults to `window`.
+    ///
     /// # Errors
     ///
     /// A [configuration error](Error::is_config) if `bytes_per_sec` is zero,
     /// or `window` is under 100 ms or over a day.
-    pub fn new(bytes_per_sec: u64, window: Duration) -> Result<Self, Error> {
+    pub fn try_new(bytes_per_sec: u64, window: Duration) -> Result<Self, Error> {
         if bytes_per_sec == 0 {
             return Err(Error::config(
                 "minimum body rate must be at least 1 byte per second",
@@ -123,10 +124,22 @@ impl MinBodyRate {
     /// Waiting time at the start of the body that is not judged (time to
     /// the first bytes can be long). Zero is allowed. Default: the window.
     ///
+    /// # Panics
+    ///
+    /// On a value [`try_grace`](Self::try_grace) refuses, with a message that
+    /// names it; use `try_grace` for values that come from configuration.
+    #[track_caller]
+    pub fn grace(self, grace: Duration) -> Self {
+        rebound_core::config::expect_valid("BodyTimeouts::grace", self.try_grace(grace))
+    }
+
+    /// Waiting time at the start of the body that is not judged (time to
+    /// the first bytes can be long). Zero is allowed. Default: the window.
+    ///
     /// # Errors
     ///
     /// A [configuration error](Error::is_config) if `grace` is over a day.
-    pub fn grace(mut self, grace: Duration) -> Result<Self, Error> {
+    pub fn try_grace(mut self, grace: Duration) -> Result<Self, Error> {
         if grace > MAX_DURATION {
             return Err(Error::config(format!(
                 "minimum body rate grace of {grace:?} is longer than the maximum of {MAX_DURATION:?}"
@@ -177,11 +190,22 @@ impl BodyTimeouts {
 
     /// Fail when no frame arrives for `d` while the caller waits.
     ///
+    /// # Panics
+    ///
+    /// On a value [`try_idle`](Self::try_idle) refuses, with a message that
+    /// names it; use `try_idle` for values that come from configuration.
+    #[track_caller]
+    pub fn idle(self, d: Duration) -> Self {
+        rebound_core::config::expect_valid("BodyTimeouts::idle", self.try_idle(d))
+    }
+
+    /// Fail when no frame arrives for `d` while the caller waits.
+    ///
     /// # Errors
     ///
     /// A [configuration error](Error::is_config) if `d` is zero or over a
     /// day.
-    pub fn idle(mut self, d: Duration) -> Result<Self, Error> {
+    pub fn try_idle(mut self, d: Duration) -> Result<Self, Error> {
         self.idle = Some(validate("body idle timeout", d)?);
         Ok(self)
     }
@@ -552,23 +576,23 @@ mod tests {
 
     fn rate(bps: u64, window_ms: u64, grace_ms: u64) -> BodyTimeouts {
         BodyTimeouts::new().min_rate(
-            MinBodyRate::new(bps, ms(window_ms))
+            MinBodyRate::try_new(bps, ms(window_ms))
                 .unwrap()
-                .grace(ms(grace_ms))
+                .try_grace(ms(grace_ms))
                 .unwrap(),
         )
     }
 
     #[test]
     fn config_is_validated() {
-        assert!(MinBodyRate::new(0, ms(1000)).unwrap_err().is_config());
-        assert!(MinBodyRate::new(1, ms(10)).unwrap_err().is_config());
+        assert!(MinBodyRate::try_new(0, ms(1000)).unwrap_err().is_config());
+        assert!(MinBodyRate::try_new(1, ms(10)).unwrap_err().is_config());
         assert!(BodyTimeouts::new()
-            .idle(Duration::ZERO)
+            .try_idle(Duration::ZERO)
             .unwrap_err()
             .is_config());
         assert_eq!(
-            MinBodyRate::new(1, ms(1000)).unwrap().grace_period(),
+            MinBodyRate::try_new(1, ms(1000)).unwrap().grace_period(),
             ms(1000)
         );
     }
@@ -576,7 +600,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn idle_fires_only_after_d_without_a_frame() {
         let chunks = vec![(10, ms(0)), (10, ms(900)), (10, ms(900))];
-        let t = BodyTimeouts::new().idle(ms(1000)).unwrap();
+        let t = BodyTimeouts::new().try_idle(ms(1000)).unwrap();
         assert_eq!(
             read_all(ResponseBody::new(scripted(chunks, false, false), t))
                 .await
@@ -597,7 +621,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn idle_does_not_count_time_the_caller_is_busy() {
         let chunks = vec![(10, ms(0)), (10, ms(0))];
-        let t = BodyTimeouts::new().idle(ms(100)).unwrap();
+        let t = BodyTimeouts::new().try_idle(ms(100)).unwrap();
         let mut body = Box::pin(ResponseBody::new(scripted(chunks, false, false), t));
         body.frame().await.unwrap().unwrap();
         tokio::time::sleep(ms(5000)).await; // caller busy

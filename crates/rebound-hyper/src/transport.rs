@@ -391,7 +391,7 @@ impl TransportBuilder {
             validate("HTTP/2 keep-alive timeout", self.h2_keep_alive_timeout)?;
         let mut body = BodyTimeouts::new();
         if let Some(idle) = self.body_idle_timeout {
-            body = body.idle(idle)?;
+            body = body.try_idle(idle)?;
         }
         if let Some(rate) = self.min_body_rate {
             body = body.min_rate(rate);
@@ -406,8 +406,8 @@ impl TransportBuilder {
             None => connect::tls_config(&self.roots, self.http2)?,
         };
         let connector = Connector::new(tcp, tls)
-            .connect_timeout(self.connect_timeout)?
-            .tls_timeout(self.tls_timeout)?;
+            .try_connect_timeout(self.connect_timeout)?
+            .try_tls_timeout(self.tls_timeout)?;
         let h2_seen = connector.h2_seen();
         let client = HyperClient::builder(TokioExecutor::new())
             .timer(TokioTimer::new())

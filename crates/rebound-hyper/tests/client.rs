@@ -64,8 +64,8 @@ async fn deadline_beats_a_longer_attempt_timeout() {
         // Total 1 s over an attempt timeout of 10 s, assembled by hand (the
         // client builder refuses this combination).
         let svc = tower::ServiceBuilder::new()
-            .layer(DeadlineLayer::new(Duration::from_secs(1)).unwrap())
-            .layer(AttemptTimeoutLayer::new(Duration::from_secs(10)).unwrap())
+            .layer(DeadlineLayer::try_new(Duration::from_secs(1)).unwrap())
+            .layer(AttemptTimeoutLayer::try_new(Duration::from_secs(10)).unwrap())
             .service(HyperTransport::builder().build().unwrap());
         let start = Instant::now();
         let req = Request::get(format!("http://{}/never", server.addr))

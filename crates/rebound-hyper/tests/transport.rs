@@ -143,7 +143,9 @@ async fn headers_timeout_under_the_attempt_timeout_layer() {
         })
         .await;
         let transport = HyperTransport::builder().build().unwrap();
-        let svc = AttemptTimeoutLayer::new(ms(300)).unwrap().layer(transport);
+        let svc = AttemptTimeoutLayer::try_new(ms(300))
+            .unwrap()
+            .layer(transport);
         let err = svc
             .oneshot(
                 Request::get(format!("http://{}/slow", server.addr))
@@ -203,9 +205,9 @@ async fn body_rate_timeout_on_a_trickling_body() {
             }
         })
         .await;
-        let rate = MinBodyRate::new(10_000, ms(500))
+        let rate = MinBodyRate::try_new(10_000, ms(500))
             .unwrap()
-            .grace(ms(200))
+            .try_grace(ms(200))
             .unwrap();
         let transport = HyperTransport::builder()
             .body_idle_timeout(Duration::from_secs(20))
@@ -238,7 +240,7 @@ async fn a_fast_body_passes_the_rate_check() {
         })
         .await;
         let transport = HyperTransport::builder()
-            .min_body_rate(MinBodyRate::new(1000, ms(500)).unwrap())
+            .min_body_rate(MinBodyRate::try_new(1000, ms(500)).unwrap())
             .build()
             .unwrap();
         let res = transport
@@ -279,7 +281,7 @@ async fn deadline_cuts_a_body_still_being_read() {
         })
         .await;
         let transport = HyperTransport::builder().build().unwrap();
-        let svc = DeadlineLayer::new(Duration::from_secs(1))
+        let svc = DeadlineLayer::try_new(Duration::from_secs(1))
             .unwrap()
             .layer(transport);
         let start = Instant::now();

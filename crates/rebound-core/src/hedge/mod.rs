@@ -362,16 +362,14 @@ impl HedgePolicy {
     ///
     /// # Errors
     ///
-    /// A configuration [`Error`] naming the value: a zero fixed delay, a
-    /// percentile outside `(0, 1)`, zero `min_samples`, a zero period, or
-    /// `max_attempts` outside `1..=5`.
+    /// A configuration [`Error`] naming the value: a fixed delay or a
+    /// period that is zero or longer than a day, a percentile outside
+    /// `(0, 1)`, zero `min_samples`, or `max_attempts` outside `1..=5`.
     pub fn validate(&self) -> Result<(), Error> {
         match self.delay {
             Delay::Off => {}
             Delay::Fixed(d) => {
-                if d.is_zero() {
-                    return Err(Error::config("HedgeLayer: delay must be above zero"));
-                }
+                crate::config::validate_duration("hedge delay", d)?;
             }
             Delay::Percentile {
                 percentile,
@@ -380,19 +378,17 @@ impl HedgePolicy {
             } => {
                 if !(percentile > 0.0 && percentile < 1.0) {
                     return Err(Error::config(
-                        "HedgeLayer: percentile must be in (0, 1), e.g. 0.95",
+                        "hedge percentile must be in (0, 1), e.g. 0.95",
                     ));
                 }
                 if min_samples == 0 {
-                    return Err(Error::config("HedgeLayer: min_samples must be at least 1"));
+                    return Err(Error::config("hedge min_samples must be at least 1"));
                 }
-                if period.is_zero() {
-                    return Err(Error::config("HedgeLayer: period must be above zero"));
-                }
+                crate::config::validate_duration("hedge period", period)?;
             }
         }
         if !(1..=MAX_HEDGED_ATTEMPTS).contains(&self.max_attempts) {
-            return Err(Error::config("HedgeLayer: max_attempts must be in 1..=5"));
+            return Err(Error::config("hedge max_attempts must be in 1..=5"));
         }
         Ok(())
     }
@@ -431,11 +427,9 @@ impl HedgeLayer {
     /// If the policy cannot work, with a message naming the value (see
     /// [`HedgePolicy::validate`]); use [`try_new`](Self::try_new) for
     /// values from configuration.
+    #[track_caller]
     pub fn new(policy: HedgePolicy) -> Self {
-        match HedgeLayer::try_new(policy) {
-            Ok(layer) => layer,
-            Err(e) => panic!("{e}"),
-        }
+        crate::config::expect_valid("HedgeLayer::new", Self::try_new(policy))
     }
 
     /// A layer with `policy`, checked.

@@ -307,7 +307,7 @@ async fn only_requests_that_may_be_sent_twice_are_hedged() {
 async fn hedges_spend_the_budget_and_stop_when_it_is_empty() {
     // A shared budget allowing two retries (floor 0, ratio 0.2 of 10
     // requests the retry layer would record).
-    let budget = Arc::new(RetryBudget::new(0.2, Duration::from_secs(10), 0).unwrap());
+    let budget = Arc::new(RetryBudget::new(0.2, Duration::from_secs(10), 0));
     for _ in 0..10 {
         budget.deposit();
     }
@@ -418,6 +418,7 @@ async fn a_percentile_delay_needs_a_minimum_sample() {
 fn settings_that_cannot_work_are_refused_by_name() {
     for (policy, name) in [
         (HedgePolicy::fixed(Duration::ZERO), "delay"),
+        (HedgePolicy::fixed(Duration::from_secs(2 * 86_400)), "delay"),
         (HedgePolicy::percentile(1.0), "percentile"),
         (HedgePolicy::percentile(0.0), "percentile"),
         (HedgePolicy::percentile(f64::NAN), "percentile"),
@@ -434,6 +435,7 @@ fn settings_that_cannot_work_are_refused_by_name() {
         assert!(err.to_string().contains(name), "{err}");
         let panic = std::panic::catch_unwind(|| HedgeLayer::new(policy)).unwrap_err();
         let msg = panic.downcast_ref::<String>().unwrap();
+        assert!(msg.starts_with("HedgeLayer::new: "), "{msg}");
         assert!(msg.contains(name), "{msg}");
     }
     assert!(HedgeLayer::try_new(HedgePolicy::off()).is_ok());

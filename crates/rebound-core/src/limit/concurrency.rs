@@ -19,7 +19,7 @@
 //!
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
 //! # async fn main() -> Result<(), rebound_core::Error> {
-//! let limiter = ConcurrencyLimiter::new(1)?.max_queue(10);
+//! let limiter = ConcurrencyLimiter::new(1).max_queue(10);
 //! let svc = ServiceBuilder::new()
 //!     .layer(ConcurrencyLimitLayer::with_limiter(limiter))
 //!     .service(service_fn(|_req: http::Request<()>| async {
@@ -57,7 +57,18 @@
 //!   [`queued`](ConcurrencyLimiter::queued)).
 //!
 //! In the ready-made stack it sits above the retry layer, so one logical
-//! request holds one permit across all its attempts and backoff sleeps.
+//! request holds one permit across all its attempts and backoff sleeps. A
+//! client-wide limit must not be held while a request waits for one host:
+//! the ready-made stack puts a holding Retry-After gate
+//! ([`RetryAfterGateLayer::closes_gates`](crate::gate::RetryAfterGateLayer::closes_gates))
+//! above it, so new requests to a throttled host wait there without a
+//! permit (see [`crate::gate`], "Where it sits"). A request that had to
+//! queue for its permit (and so may meet a gate that closed meanwhile)
+//! carries it down as a [`PermitLease`]: a layer below that waits for one
+//! host gives it back while it waits, and takes it again before going on.
+//! The permit comes back to this layer with the response (and its body
+//! holds it as usual), or when the request is dropped. A request that got
+//! its permit at once carries no lease: nothing on the happy path.
 //!
 //! # Errors
 //!
@@ -86,7 +97,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use super::{wait_permit, WaitPermit};
-use crate::annotations::{Deadline, LimiterState, Reason, Verdict};
+use crate::annotations::{Deadline, LimiterState, PermitLease, Reason, Verdict};
 use crate::error::{BoxError, Error, ErrorKind, TimeoutStage};
 
 // === impl ConcurrencyLimiter ===
@@ -108,11 +119,22 @@ pub struct ConcurrencyLimiter {
 impl ConcurrencyLimiter {
     /// A limiter with `max` permits and an unbounded queue.
     ///
+    /// # Panics
+    ///
+    /// On a value [`try_new`](Self::try_new) refuses, with a message that
+    /// names it; use `try_new` for values that come from configuration.
+    #[track_caller]
+    pub fn new(max: usize) -> Self {
+        crate::config::expect_valid("ConcurrencyLimiter::new", Self::try_new(max))
+    }
+
+    /// A limiter with `max` permits and an unbounded queue.
+    ///
     /// # Errors
     ///
     /// A [`Config`](ErrorKind::Config) error if `max` is zero (every request
     /// would wait forever) or larger than the semaphore can hold.
-    pub fn new(max: usize) -> Result<Self, Error> {
+    pub fn try_new(max: usize) -> Result<Self, Error> {
         if max == 0 {
             return Err(Error::config(
                 "concurrency limit must be at least 1 (0 would block every request)",
@@ -233,11 +255,22 @@ pub struct ConcurrencyLimitLayer {
 impl ConcurrencyLimitLayer {
     /// A limit of `max` requests in flight, with an unbounded queue.
     ///
+    /// # Panics
+    ///
+    /// On a value [`try_new`](Self::try_new) refuses, with a message that
+    /// names it; use `try_new` for values that come from configuration.
+    #[track_caller]
+    pub fn new(max: usize) -> Self {
+        crate::config::expect_valid("ConcurrencyLimitLayer::new", Self::try_new(max))
+    }
+
+    /// A limit of `max` requests in flight, with an unbounded queue.
+    ///
     /// # Errors
     ///
     /// See [`ConcurrencyLimiter::new`].
-    pub fn new(max: usize) -> Result<Self, Error> {
-        Ok(Self::with_limiter(ConcurrencyLimiter::new(max)?))
+    pub fn try_new(max: usize) -> Result<Self, Error> {
+        Ok(Self::with_limiter(ConcurrencyLimiter::try_new(max)?))
     }
 
     /// A layer over `limiter` (e.g. one with a [`max_queue`](ConcurrencyLimiter::max_queue)).
@@ -325,6 +358,7 @@ where
             Ok(permit) => State::Called {
                 fut: self.inner.call(req),
                 permit: Some(permit),
+                lease: None,
                 observed: None,
             },
             Err(TryAcquireError::NoPermits) => match self.limiter.enter_queue() {
@@ -376,6 +410,17 @@ fn deadline_while_queued<B>(req: &Request<B>) -> Error {
     err
 }
 
+/// The owner's handle on a lent permit: dropping it (the request was
+/// cancelled) takes the permit back out of the lease, so a clone left in
+/// some request's extensions below never keeps it.
+struct OwnedLease(PermitLease);
+
+impl Drop for OwnedLease {
+    fn drop(&mut self) {
+        drop(self.0.take());
+    }
+}
+
 // === impl ResponseFuture ===
 
 pin_project! {
@@ -407,6 +452,8 @@ pin_project! {
             #[pin]
             fut: S::Future,
             permit: Option<OwnedSemaphorePermit>,
+            // The permit lent to the layers below (queued requests only).
+            lease: Option<OwnedLease>,
             observed: Option<LimiterState>,
         },
         Failed {
@@ -461,31 +508,51 @@ where
                         return Poll::Ready(Err(error));
                     };
                     let mut svc = svc.take().expect("polled after completion");
-                    let fut = svc.call(req);
                     // Off the happy path only (this request had to queue):
-                    // the outcome shows the limiter's state.
+                    // the permit is lent to the layers below, so that one
+                    // that waits for one host (the Retry-After gate, which
+                    // may have closed while this request queued) can give
+                    // it back meanwhile.
+                    let mut req = req;
+                    let lease = slot_limiter
+                        .as_ref()
+                        .map(|l| OwnedLease(PermitLease::new(l.semaphore.clone(), permit)));
+                    if let Some(lease) = &lease {
+                        req.extensions_mut().insert(lease.0.clone());
+                    }
+                    let fut = svc.call(req);
+                    // The outcome shows the limiter's state.
                     let observed = slot_limiter.map(|l| l.state());
                     self.as_mut().project().state.set(State::Called {
                         fut,
-                        permit: Some(permit),
+                        permit: None,
+                        lease,
                         observed,
                     });
                 }
                 StateProj::Called {
                     fut,
                     permit,
+                    lease,
                     observed,
                 } => {
-                    return Poll::Ready(match ready!(fut.poll(cx)) {
+                    let out = ready!(fut.poll(cx));
+                    // A lent permit comes back to the request: the body
+                    // holds it from here (later clones of the lease hold
+                    // nothing).
+                    let permit = permit
+                        .take()
+                        .or_else(|| lease.take().and_then(|l| l.0.take()));
+                    return Poll::Ready(match out {
                         Ok(mut res) => {
                             if let Some(state) = observed.take() {
                                 res.extensions_mut().insert(state);
                             }
-                            Ok(res.map(|body| LimitBody::new(body, permit.take())))
+                            Ok(res.map(|body| LimitBody::new(body, permit)))
                         }
                         Err(e) => {
                             // An error outcome gives the permit back at once.
-                            drop(permit.take());
+                            drop(permit);
                             let mut err = Error::from_boxed(e.into());
                             if let Some(state) = observed.take() {
                                 err.extensions_mut().insert(state);

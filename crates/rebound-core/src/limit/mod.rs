@@ -7,7 +7,7 @@
 //!   response body ends or is dropped** (see [`LimitBody`]).
 //! * [`AdaptiveLimitLayer`] caps **attempts** in flight with a limit that
 //!   shrinks when the upstream says it is overloaded (429, 503, attempt
-//!   timeout) and grows back slowly while it succeeds. It sits below the
+//!   timeout) and grows back while it succeeds. It sits below the
 //!   retry layer and above the classifier.
 //!
 //! Both wait for their slot **inside the response future**, never in
@@ -24,12 +24,12 @@
 //!
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
 //! # async fn main() -> Result<(), rebound_core::Error> {
-//! let limit = ConcurrencyLimitLayer::new(64)?;
+//! let limit = ConcurrencyLimitLayer::new(64);
 //! let in_flight = limit.limiter().clone();
 //! let svc = ServiceBuilder::new()
 //!     .layer(limit)
 //!     // .layer(RetryLayer::new(..)) goes here, between the two limits
-//!     .layer(AdaptiveLimitLayer::new(Aimd::default())?)
+//!     .layer(AdaptiveLimitLayer::new(Aimd::default()))
 //!     .service(service_fn(|_req: http::Request<Full<Bytes>>| async {
 //!         Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from_static(b"hi"))))
 //!     }));

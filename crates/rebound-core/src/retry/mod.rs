@@ -162,12 +162,17 @@ pub struct RetryLayer {
 }
 
 impl RetryLayer {
-    /// A layer with `policy`; a `max_attempts` outside `1..=100` is clamped
-    /// into it. Use [`try_new`](Self::try_new) to reject it instead.
+    /// A layer with `policy`.
+    ///
+    /// # Panics
+    ///
+    /// If the policy is invalid (see [`RetryPolicy::validate`]: e.g.
+    /// `max_attempts` outside `1..=100`), with a message that names the
+    /// value; use [`try_new`](Self::try_new) for values that come from
+    /// configuration.
+    #[track_caller]
     pub fn new(policy: RetryPolicy) -> Self {
-        RetryLayer {
-            policy: policy.normalized(),
-        }
+        crate::config::expect_valid("RetryLayer::new", Self::try_new(policy))
     }
 
     /// A layer with `policy`, checked.
@@ -229,12 +234,14 @@ impl<S: fmt::Debug> fmt::Debug for Retry<S> {
 }
 
 impl<S> Retry<S> {
-    /// Wrap `inner` with `policy` (see [`RetryLayer::new`]).
+    /// Wrap `inner` with `policy`.
+    ///
+    /// # Panics
+    ///
+    /// As [`RetryLayer::new`].
+    #[track_caller]
     pub fn new(inner: S, policy: RetryPolicy) -> Self {
-        Retry {
-            inner,
-            policy: policy.normalized(),
-        }
+        RetryLayer::new(policy).layer(inner)
     }
 
     /// The policy.

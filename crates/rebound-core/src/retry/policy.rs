@@ -33,7 +33,8 @@ fn method_bit(m: &Method) -> Option<u16> {
 /// * `max_attempts`: attempts in all, first included. Default: 3.
 /// * `budget`: the [`RetryBudget`] shared by every request through the
 ///   layer and its clones. Default: a fresh `RetryBudget::default()` (20 %
-///   over 10 s, floor 10/s), created with the policy.
+///   over 10 s, floor 10/s accruing in bursts of at most 10), created with
+///   the policy.
 /// * eligible methods: those that may be retried after the request may have
 ///   been processed. Default: GET, HEAD, OPTIONS, TRACE, PUT, DELETE (the
 ///   idempotent methods of RFC 9110). A request with an
@@ -150,11 +151,6 @@ impl RetryPolicy {
         }
         Ok(())
     }
-
-    pub(super) fn normalized(mut self) -> Self {
-        self.max_attempts = self.max_attempts.clamp(1, MAX_ATTEMPTS);
-        self
-    }
 }
 
 #[cfg(test)]
@@ -193,12 +189,11 @@ mod tests {
             .is_config());
         assert!(RetryPolicy::default().max_attempts(101).validate().is_err());
         assert!(RetryPolicy::default().max_attempts(1).validate().is_ok());
-        assert_eq!(
-            RetryPolicy::default()
-                .max_attempts(0)
-                .normalized()
-                .max_attempts,
-            1
-        );
+    }
+
+    #[test]
+    #[should_panic(expected = "RetryLayer::new: invalid configuration")]
+    fn the_layer_refuses_zero_attempts_by_name() {
+        let _ = crate::retry::RetryLayer::new(RetryPolicy::default().max_attempts(0));
     }
 }
