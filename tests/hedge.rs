@@ -216,3 +216,13 @@ async fn over_http2_the_hung_stream_is_reset_on_the_same_connection() {
     assert_eq!(server.connections(), 1);
     assert!(until_idle(&server).await, "the hung stream was not reset");
 }
+
+#[test]
+fn a_hedge_policy_that_cannot_work_is_a_build_error_not_a_panic() {
+    let err = Client::builder()
+        .hedge(HedgePolicy::fixed(Duration::ZERO))
+        .build()
+        .unwrap_err();
+    assert!(err.is_config());
+    assert!(err.to_string().contains("hedge delay"), "{err}");
+}

@@ -441,3 +441,46 @@ fn settings_that_cannot_work_are_refused_by_name() {
     assert!(HedgeLayer::try_new(HedgePolicy::off()).is_ok());
     assert!(HedgePolicy::fixed(ms(1)).max_attempts(1).is_off());
 }
+
+#[cfg(feature = "metrics")]
+#[test]
+fn metrics_count_hedges_sent_and_won() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    metrics::with_local_recorder(&recorder, || {
+        rt.block_on(async {
+            // Hedged, the hedge wins; hedged, the original wins; not hedged.
+            let (inner, _) = upstream(vec![
+                (1_000, 200),
+                (5, 200),
+                (60, 200),
+                (500, 200),
+                (1, 200),
+            ]);
+            let mut svc = HedgeLayer::new(HedgePolicy::fixed(ms(50))).layer(inner);
+            for _ in 0..3 {
+                svc.ready().await.unwrap().call(get()).await.unwrap();
+            }
+        })
+    });
+    // One snapshot: reading a counter resets it.
+    let snapshot = snapshotter.snapshot().into_vec();
+    let counter = |name: &str| {
+        snapshot
+            .iter()
+            .find(|(key, ..)| key.key().name() == name)
+            .map(|(.., value)| match value {
+                DebugValue::Counter(n) => *n,
+                other => panic!("{name}: {other:?}"),
+            })
+    };
+    assert_eq!(counter(crate::metrics::HEDGES_SENT), Some(2));
+    assert_eq!(counter(crate::metrics::HEDGES_WON), Some(1));
+}
