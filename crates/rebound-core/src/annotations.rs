@@ -4,7 +4,7 @@
 //! these annotations (DESIGN.md §1.3):
 //!
 //! * **On the request, going down:** [`Deadline`], [`Attempt`],
-//!   [`IdempotencyKey`], [`PreviousAttempt`].
+//!   [`IdempotencyKey`], [`Idempotent`], [`PreviousAttempt`].
 //! * **On the outcome, going up** (the response's extensions, or the
 //!   [`Error`](crate::Error)'s own [`extensions`](crate::Error::extensions)):
 //!   [`Verdict`], [`RetryAfterHint`], [`ProposedDelay`]; and facts only a
@@ -200,6 +200,17 @@ impl fmt::Debug for IdempotencyKey {
         f.write_str("IdempotencyKey(..)")
     }
 }
+
+/// This request may be sent again after it may have been processed, whatever
+/// its method: the caller (or a layer that knows the API, such as
+/// [`grpc::MarkRetryable`](crate::grpc::MarkRetryable) for gRPC methods
+/// declared safe) says the operation is idempotent.
+///
+/// The retry layer treats it like an eligible method. Absence changes
+/// nothing: eligibility then comes from the method or an
+/// [`IdempotencyKey`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Idempotent;
 
 /// What happened on the previous attempt; carried by the retry layer into the
 /// next attempt's request, for layers that want history.

@@ -69,6 +69,8 @@ use crate::config::validate_duration;
 use crate::error::{BoxError, Error, TimeoutStage};
 use crate::redact::RequestName;
 
+use self::future::{Kind, ResponseFuture};
+
 // ===== impl AttemptTimeoutLayer =====
 
 /// Bounds each attempt until its response head; see the
@@ -211,70 +213,76 @@ where
     }
 }
 
-// ===== impl ResponseFuture =====
+pub mod future {
+    //! The response future of [`AttemptTimeout`].
 
-pin_project! {
-    #[project = KindProj]
-    enum Kind<F> {
-        Running {
+    use super::*;
+
+    // ===== impl ResponseFuture =====
+
+    pin_project! {
+        #[project = KindProj]
+        pub(super) enum Kind<F> {
+            Running {
+                #[pin]
+                future: F,
+                #[pin]
+                sleep: Sleep,
+            },
+            Expired,
+        }
+    }
+
+    pin_project! {
+        /// The response future of [`AttemptTimeout`].
+        pub struct ResponseFuture<F> {
             #[pin]
-            future: F,
-            #[pin]
-            sleep: Sleep,
-        },
-        Expired,
+            pub(super) kind: Kind<F>,
+            pub(super) stage: TimeoutStage,
+            pub(super) request: Option<RequestName>,
+        }
     }
-}
 
-pin_project! {
-    /// The response future of [`AttemptTimeout`].
-    pub struct ResponseFuture<F> {
-        #[pin]
-        kind: Kind<F>,
-        stage: TimeoutStage,
-        request: Option<RequestName>,
+    impl<F> fmt::Debug for ResponseFuture<F> {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.debug_struct("attempt_timeout::ResponseFuture")
+                .field("stage", &self.stage)
+                .field("request", &self.request)
+                .finish_non_exhaustive()
+        }
     }
-}
 
-impl<F> fmt::Debug for ResponseFuture<F> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("attempt_timeout::ResponseFuture")
-            .field("stage", &self.stage)
-            .field("request", &self.request)
-            .finish_non_exhaustive()
+    pub(super) fn timed_out(stage: TimeoutStage, request: RequestName) -> Error {
+        let mut err = request.name(Error::timeout(stage));
+        err.extensions_mut().insert(Sent::MaybeProcessed);
+        err
     }
-}
 
-fn timed_out(stage: TimeoutStage, request: RequestName) -> Error {
-    let mut err = request.name(Error::timeout(stage));
-    err.extensions_mut().insert(Sent::MaybeProcessed);
-    err
-}
+    impl<F, B, E> Future for ResponseFuture<F>
+    where
+        F: Future<Output = Result<Response<B>, E>>,
+        E: Into<BoxError>,
+    {
+        type Output = Result<Response<B>, Error>;
 
-impl<F, B, E> Future for ResponseFuture<F>
-where
-    F: Future<Output = Result<Response<B>, E>>,
-    E: Into<BoxError>,
-{
-    type Output = Result<Response<B>, Error>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
-        match this.kind.project() {
-            KindProj::Expired => {
-                let request = this.request.take().expect("polled after completion");
-                Poll::Ready(Err(timed_out(*this.stage, request)))
-            }
-            KindProj::Running { future, sleep } => {
-                if let Poll::Ready(result) = future.poll(cx) {
-                    return Poll::Ready(result.map_err(|e| {
-                        let request = this.request.take().expect("polled after completion");
-                        request.name(Error::from_boxed(e.into()))
-                    }));
+        fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+            let this = self.project();
+            match this.kind.project() {
+                KindProj::Expired => {
+                    let request = this.request.take().expect("polled after completion");
+                    Poll::Ready(Err(timed_out(*this.stage, request)))
                 }
-                ready!(sleep.poll(cx));
-                let request = this.request.take().expect("polled after completion");
-                Poll::Ready(Err(timed_out(*this.stage, request)))
+                KindProj::Running { future, sleep } => {
+                    if let Poll::Ready(result) = future.poll(cx) {
+                        return Poll::Ready(result.map_err(|e| {
+                            let request = this.request.take().expect("polled after completion");
+                            request.name(Error::from_boxed(e.into()))
+                        }));
+                    }
+                    ready!(sleep.poll(cx));
+                    let request = this.request.take().expect("polled after completion");
+                    Poll::Ready(Err(timed_out(*this.stage, request)))
+                }
             }
         }
     }

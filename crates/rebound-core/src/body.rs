@@ -69,3 +69,71 @@ impl ReplayableBody for String {
         Some(self.clone())
     }
 }
+
+/// A request body the [retry layer](crate::retry) can send again: what it
+/// keeps between attempts, and how it makes each attempt's body from that.
+///
+/// Every [`ReplayableBody`] is one (it keeps a copy of itself). With the
+/// `tonic` feature so is `tonic::body::Body`, a stream behind a box: it is
+/// recorded with a [`ReplayBody`](crate::replay::ReplayBody) (64 KiB cap)
+/// while the first attempt streams it, and each attempt gets a
+/// `tonic::body::Body` over a copy — so the retry layer stacks directly over
+/// a `tonic::transport::Channel`, with no adapter. The recording, like the
+/// box, is paid only by bodies that are not already replayable.
+pub trait RetryBody: http_body::Body + Sized {
+    /// What the retry loop keeps to make the next attempt's body.
+    type Kept;
+
+    /// Called once, before the first attempt, when a retry is possible:
+    /// the body to send first, and what to keep for the next attempts
+    /// (`None`: this body cannot be sent again).
+    fn keep(self) -> (Self, Option<Self::Kept>);
+
+    /// A body for a retry, from its start, only if it is known to be sent
+    /// whole (see [`ReplayableBody::try_replay_whole`]); `None` if it cannot
+    /// be replayed (it streamed past its cap) or not yet known to be whole.
+    fn replay(kept: &Self::Kept) -> Option<Self>;
+
+    /// Whether a copy can still be made at all (within its cap), even if
+    /// it is not yet known to be whole: the retry loop then waits for it.
+    fn may_replay(kept: &Self::Kept) -> bool;
+}
+
+impl<B: ReplayableBody> RetryBody for B {
+    type Kept = B;
+
+    fn keep(self) -> (Self, Option<Self::Kept>) {
+        let copy = self.try_replay();
+        (self, copy)
+    }
+
+    fn replay(kept: &Self::Kept) -> Option<Self> {
+        kept.try_replay_whole()
+    }
+
+    fn may_replay(kept: &Self::Kept) -> bool {
+        kept.try_replay().is_some()
+    }
+}
+
+#[cfg(feature = "tonic")]
+impl RetryBody for tonic::body::Body {
+    type Kept = crate::replay::ReplayBody<tonic::body::Body>;
+
+    fn keep(self) -> (Self, Option<Self::Kept>) {
+        let kept = crate::replay::ReplayBody::new(self);
+        match kept.try_replay() {
+            Some(first) => (tonic::body::Body::new(first), Some(kept)),
+            // Unreachable: nothing has been read yet.
+            None => (tonic::body::Body::empty(), None),
+        }
+    }
+
+    fn replay(kept: &Self::Kept) -> Option<Self> {
+        kept.try_replay_whole().map(tonic::body::Body::new)
+    }
+
+    fn may_replay(kept: &Self::Kept) -> bool {
+        kept.try_replay().is_some()
+    }
+}

@@ -70,6 +70,8 @@ use tower_service::Service;
 use crate::annotations::{Reason, Verdict};
 use crate::error::{BoxError, Error, ErrorKind};
 
+use self::future::{ResponseFuture, State};
+
 /// Request annotation: cancel this request when the token fires.
 ///
 /// Read by [`CancelLayer`]; see the [module docs](self).
@@ -177,82 +179,88 @@ where
     }
 }
 
-// === impl ResponseFuture ===
+pub mod future {
+    //! The response future of [`CancelService`].
 
-pin_project! {
-    /// The response future of [`CancelService`].
-    #[must_use = "futures do nothing unless polled"]
-    pub struct ResponseFuture<F> {
-        #[pin]
-        state: State<F>,
-    }
-}
+    use super::*;
 
-pin_project! {
-    #[project = StateProj]
-    enum State<F> {
-        Plain {
+    // === impl ResponseFuture ===
+
+    pin_project! {
+        /// The response future of [`CancelService`].
+        #[must_use = "futures do nothing unless polled"]
+        pub struct ResponseFuture<F> {
             #[pin]
-            fut: F,
-        },
-        Watched {
-            #[pin]
-            fut: F,
-            #[pin]
-            cancelled: WaitForCancellationFutureOwned,
-            request: Option<(Method, Uri)>,
-        },
-        Cancelled {
-            error: Option<Error>,
-        },
+            pub(super) state: State<F>,
+        }
     }
-}
 
-impl<F> fmt::Debug for ResponseFuture<F> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = match &self.state {
-            State::Plain { .. } => "plain",
-            State::Watched { .. } => "watched",
-            State::Cancelled { .. } => "cancelled",
-        };
-        f.debug_struct("ResponseFuture")
-            .field("state", &state)
-            .finish()
+    pin_project! {
+        #[project = StateProj]
+        pub(super) enum State<F> {
+            Plain {
+                #[pin]
+                fut: F,
+            },
+            Watched {
+                #[pin]
+                fut: F,
+                #[pin]
+                cancelled: WaitForCancellationFutureOwned,
+                request: Option<(Method, Uri)>,
+            },
+            Cancelled {
+                error: Option<Error>,
+            },
+        }
     }
-}
 
-impl<F, T, E> Future for ResponseFuture<F>
-where
-    F: Future<Output = Result<T, E>>,
-    E: Into<BoxError>,
-{
-    type Output = Result<T, Error>;
+    impl<F> fmt::Debug for ResponseFuture<F> {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            let state = match &self.state {
+                State::Plain { .. } => "plain",
+                State::Watched { .. } => "watched",
+                State::Cancelled { .. } => "cancelled",
+            };
+            f.debug_struct("ResponseFuture")
+                .field("state", &state)
+                .finish()
+        }
+    }
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.as_mut().project().state.project() {
-            StateProj::Plain { fut } => fut.poll(cx).map_err(|e| Error::from_boxed(e.into())),
-            StateProj::Watched {
-                fut,
-                cancelled,
-                request,
-            } => {
-                // The token first: once it fired, the caller gets
-                // `Cancelled` even if the inner future is also ready.
-                if cancelled.poll(cx).is_ready() {
-                    let (method, uri) = request.take().expect("polled after completion");
-                    let error = cancelled_error(&method, &uri);
-                    // Drop everything below now, not when the caller drops us.
-                    self.as_mut()
-                        .project()
-                        .state
-                        .set(State::Cancelled { error: None });
-                    return Poll::Ready(Err(error));
+    impl<F, T, E> Future for ResponseFuture<F>
+    where
+        F: Future<Output = Result<T, E>>,
+        E: Into<BoxError>,
+    {
+        type Output = Result<T, Error>;
+
+        fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+            match self.as_mut().project().state.project() {
+                StateProj::Plain { fut } => fut.poll(cx).map_err(|e| Error::from_boxed(e.into())),
+                StateProj::Watched {
+                    fut,
+                    cancelled,
+                    request,
+                } => {
+                    // The token first: once it fired, the caller gets
+                    // `Cancelled` even if the inner future is also ready.
+                    if cancelled.poll(cx).is_ready() {
+                        let (method, uri) = request.take().expect("polled after completion");
+                        let error = cancelled_error(&method, &uri);
+                        // Drop everything below now, not when the caller drops us.
+                        self.as_mut()
+                            .project()
+                            .state
+                            .set(State::Cancelled { error: None });
+                        return Poll::Ready(Err(error));
+                    }
+                    let out = ready!(fut.poll(cx));
+                    Poll::Ready(out.map_err(|e| Error::from_boxed(e.into())))
                 }
-                let out = ready!(fut.poll(cx));
-                Poll::Ready(out.map_err(|e| Error::from_boxed(e.into())))
-            }
-            StateProj::Cancelled { error } => {
-                Poll::Ready(Err(error.take().expect("polled after completion")))
+                StateProj::Cancelled { error } => {
+                    Poll::Ready(Err(error.take().expect("polled after completion")))
+                }
             }
         }
     }

@@ -78,6 +78,8 @@ use tower_service::Service;
 use crate::annotations::{Deadline, Sent};
 use crate::error::{BoxError, Error, ErrorKind, TimeoutStage};
 
+use self::future::{ResponseFuture, State};
+
 // ===== layer =====
 
 /// Reads the whole response body inside the attempt, up to a cap.
@@ -186,135 +188,141 @@ where
     }
 }
 
-// ===== future =====
+pub mod future {
+    //! The response future of [`CollectBody`].
 
-pin_project! {
-    /// The response future of [`CollectBody`]: the head, then the whole
-    /// body.
-    #[must_use = "futures do nothing unless polled"]
-    pub struct ResponseFuture<F, B> {
-        #[pin]
-        state: State<F, B>,
-        #[pin]
-        deadline: Option<Sleep>,
+    use super::*;
+
+    // ===== future =====
+
+    pin_project! {
+        /// The response future of [`CollectBody`]: the head, then the whole
+        /// body.
+        #[must_use = "futures do nothing unless polled"]
+        pub struct ResponseFuture<F, B> {
+            #[pin]
+            pub(super) state: State<F, B>,
+            #[pin]
+            pub(super) deadline: Option<Sleep>,
+            pub(super) max_bytes: usize,
+            pub(super) method: Method,
+            pub(super) uri: Uri,
+        }
+    }
+
+    pin_project! {
+        #[project = StateProj]
+        pub(super) enum State<F, B> {
+            Head {
+                #[pin]
+                future: F,
+            },
+            Body {
+                #[pin]
+                body: B,
+                parts: Option<http::response::Parts>,
+                buf: Collecting,
+            },
+        }
+    }
+
+    impl<F, B> fmt::Debug for ResponseFuture<F, B> {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            let state = match &self.state {
+                State::Head { .. } => "head",
+                State::Body { .. } => "body",
+            };
+            f.debug_struct("ResponseFuture")
+                .field("state", &state)
+                .field("max_bytes", &self.max_bytes)
+                .field("deadline", &self.deadline.as_ref().map(|s| s.deadline()))
+                .finish()
+        }
+    }
+
+    impl<F, B, E> Future for ResponseFuture<F, B>
+    where
+        F: Future<Output = Result<Response<B>, E>>,
+        E: Into<BoxError>,
+        B: Body,
+        B::Error: Into<BoxError>,
+    {
+        type Output = Result<Response<CollectedBody>, Error>;
+
+        fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+            let mut this = self.project();
+            let result = ready!(poll_collect(
+                this.state.as_mut(),
+                *this.max_bytes,
+                this.method,
+                this.deadline.as_mut(),
+                cx
+            ));
+            Poll::Ready(result.map_err(|e| e.with_request(this.method, this.uri)))
+        }
+    }
+
+    pub(super) fn poll_collect<F, B, E>(
+        mut state: Pin<&mut State<F, B>>,
         max_bytes: usize,
-        method: Method,
-        uri: Uri,
-    }
-}
-
-pin_project! {
-    #[project = StateProj]
-    enum State<F, B> {
-        Head {
-            #[pin]
-            future: F,
-        },
-        Body {
-            #[pin]
-            body: B,
-            parts: Option<http::response::Parts>,
-            buf: Collecting,
-        },
-    }
-}
-
-impl<F, B> fmt::Debug for ResponseFuture<F, B> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = match &self.state {
-            State::Head { .. } => "head",
-            State::Body { .. } => "body",
-        };
-        f.debug_struct("ResponseFuture")
-            .field("state", &state)
-            .field("max_bytes", &self.max_bytes)
-            .field("deadline", &self.deadline.as_ref().map(|s| s.deadline()))
-            .finish()
-    }
-}
-
-impl<F, B, E> Future for ResponseFuture<F, B>
-where
-    F: Future<Output = Result<Response<B>, E>>,
-    E: Into<BoxError>,
-    B: Body,
-    B::Error: Into<BoxError>,
-{
-    type Output = Result<Response<CollectedBody>, Error>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut this = self.project();
-        let result = ready!(poll_collect(
-            this.state.as_mut(),
-            *this.max_bytes,
-            this.method,
-            this.deadline.as_mut(),
-            cx
-        ));
-        Poll::Ready(result.map_err(|e| e.with_request(this.method, this.uri)))
-    }
-}
-
-fn poll_collect<F, B, E>(
-    mut state: Pin<&mut State<F, B>>,
-    max_bytes: usize,
-    method: &Method,
-    mut deadline: Pin<&mut Option<Sleep>>,
-    cx: &mut Context<'_>,
-) -> Poll<Result<Response<CollectedBody>, Error>>
-where
-    F: Future<Output = Result<Response<B>, E>>,
-    E: Into<BoxError>,
-    B: Body,
-    B::Error: Into<BoxError>,
-{
-    loop {
-        match state.as_mut().project() {
-            StateProj::Head { future } => {
-                let res = match future.poll(cx) {
-                    Poll::Ready(res) => res.map_err(|e| Error::from_boxed(e.into()))?,
-                    Poll::Pending => return poll_deadline(deadline.as_mut(), cx),
-                };
-                let (parts, body) = res.into_parts();
-                let announced = if has_no_content(method, parts.status) {
-                    // Its Content-Length describes a body that is not sent.
-                    body.size_hint().lower()
-                } else {
-                    announced_len(&parts.headers, &body.size_hint())
-                };
-                if announced > max_bytes as u64 {
-                    // Refuse at once: dropping the body reads nothing more.
-                    return Poll::Ready(Err(too_large("content-length is over the cap")));
-                }
-                state.set(State::Body {
-                    body,
-                    parts: Some(parts),
-                    buf: Collecting::new(announced.min(max_bytes as u64) as usize),
-                });
-            }
-            StateProj::Body {
-                mut body,
-                parts,
-                buf,
-            } => {
-                // Bounded by the cap: every data frame adds to `buf.len` or
-                // is empty; only a body that yields empty frames forever
-                // keeps this loop going, as it would keep any reader.
-                loop {
-                    let frame = match body.as_mut().poll_frame(cx) {
+        method: &Method,
+        mut deadline: Pin<&mut Option<Sleep>>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Response<CollectedBody>, Error>>
+    where
+        F: Future<Output = Result<Response<B>, E>>,
+        E: Into<BoxError>,
+        B: Body,
+        B::Error: Into<BoxError>,
+    {
+        loop {
+            match state.as_mut().project() {
+                StateProj::Head { future } => {
+                    let res = match future.poll(cx) {
+                        Poll::Ready(res) => res.map_err(|e| Error::from_boxed(e.into()))?,
                         Poll::Pending => return poll_deadline(deadline.as_mut(), cx),
-                        Poll::Ready(frame) => frame,
                     };
-                    match frame {
-                        None => {
-                            let parts = parts.take().expect("polled after completion");
-                            let body = std::mem::take(buf).finish();
-                            return Poll::Ready(Ok(Response::from_parts(parts, body)));
-                        }
-                        Some(Err(err)) => return Poll::Ready(Err(body_error(err.into()))),
-                        Some(Ok(frame)) => {
-                            if let Err(err) = buf.push(frame, max_bytes) {
-                                return Poll::Ready(Err(err));
+                    let (parts, body) = res.into_parts();
+                    let announced = if has_no_content(method, parts.status) {
+                        // Its Content-Length describes a body that is not sent.
+                        body.size_hint().lower()
+                    } else {
+                        announced_len(&parts.headers, &body.size_hint())
+                    };
+                    if announced > max_bytes as u64 {
+                        // Refuse at once: dropping the body reads nothing more.
+                        return Poll::Ready(Err(too_large("content-length is over the cap")));
+                    }
+                    state.set(State::Body {
+                        body,
+                        parts: Some(parts),
+                        buf: Collecting::new(announced.min(max_bytes as u64) as usize),
+                    });
+                }
+                StateProj::Body {
+                    mut body,
+                    parts,
+                    buf,
+                } => {
+                    // Bounded by the cap: every data frame adds to `buf.len` or
+                    // is empty; only a body that yields empty frames forever
+                    // keeps this loop going, as it would keep any reader.
+                    loop {
+                        let frame = match body.as_mut().poll_frame(cx) {
+                            Poll::Pending => return poll_deadline(deadline.as_mut(), cx),
+                            Poll::Ready(frame) => frame,
+                        };
+                        match frame {
+                            None => {
+                                let parts = parts.take().expect("polled after completion");
+                                let body = std::mem::take(buf).finish();
+                                return Poll::Ready(Ok(Response::from_parts(parts, body)));
+                            }
+                            Some(Err(err)) => return Poll::Ready(Err(body_error(err.into()))),
+                            Some(Ok(frame)) => {
+                                if let Err(err) = buf.push(frame, max_bytes) {
+                                    return Poll::Ready(Err(err));
+                                }
                             }
                         }
                     }
@@ -322,116 +330,120 @@ where
             }
         }
     }
-}
 
-fn poll_deadline<T>(
-    deadline: Pin<&mut Option<Sleep>>,
-    cx: &mut Context<'_>,
-) -> Poll<Result<T, Error>> {
-    match deadline.as_pin_mut().map(|sleep| sleep.poll(cx)) {
-        Some(Poll::Ready(())) => Poll::Ready(Err(Error::timeout(TimeoutStage::Deadline))),
-        _ => Poll::Pending,
-    }
-}
-
-/// Whether the response to `method` with `status` has no content whatever
-/// its headers say (RFC 9110 §6.4.1): HEAD, 1xx, 204, 304.
-fn has_no_content(method: &Method, status: StatusCode) -> bool {
-    method == Method::HEAD
-        || status.is_informational()
-        || status == StatusCode::NO_CONTENT
-        || status == StatusCode::NOT_MODIFIED
-}
-
-/// The length the response announces: its `Content-Length`, or else its
-/// body's `size_hint` lower bound. A malformed header announces nothing.
-fn announced_len(headers: &HeaderMap, hint: &SizeHint) -> u64 {
-    let header = headers
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|s| s.trim().parse::<u64>().ok())
-        .unwrap_or(0);
-    header.max(hint.lower())
-}
-
-fn too_large(detail: &'static str) -> Error {
-    Error::new(ErrorKind::BodyTooLarge).with_detail(detail)
-}
-
-fn body_error(err: BoxError) -> Error {
-    let mut err = match err.downcast::<Error>() {
-        Ok(err) => *err,
-        Err(other) => Error::new(ErrorKind::Body)
-            .with_detail("reading the response body failed")
-            .with_source(other),
-    };
-    // The response head arrived: the request reached the server.
-    if err.extensions().get::<Sent>().is_none() {
-        err.extensions_mut().insert(Sent::MaybeProcessed);
-    }
-    err
-}
-
-/// The body read so far. One chunk is kept as is (no copy); more are
-/// gathered into one buffer.
-#[derive(Default)]
-struct Collecting {
-    first: Option<Bytes>,
-    more: Option<BytesMut>,
-    len: usize,
-    /// The announced length (capped), to size the buffer once.
-    hint: usize,
-    trailers: Option<HeaderMap>,
-}
-
-impl Collecting {
-    fn new(hint: usize) -> Self {
-        Collecting {
-            hint,
-            ..Collecting::default()
+    pub(super) fn poll_deadline<T>(
+        deadline: Pin<&mut Option<Sleep>>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<T, Error>> {
+        match deadline.as_pin_mut().map(|sleep| sleep.poll(cx)) {
+            Some(Poll::Ready(())) => Poll::Ready(Err(Error::timeout(TimeoutStage::Deadline))),
+            _ => Poll::Pending,
         }
     }
 
-    fn push<D: Buf>(&mut self, frame: Frame<D>, max_bytes: usize) -> Result<(), Error> {
-        let mut data = match frame.into_data() {
-            Ok(data) => data,
-            Err(frame) => {
-                if let Ok(trailers) = frame.into_trailers() {
-                    self.trailers = Some(trailers);
+    /// Whether the response to `method` with `status` has no content whatever
+    /// its headers say (RFC 9110 §6.4.1): HEAD, 1xx, 204, 304.
+    pub(super) fn has_no_content(method: &Method, status: StatusCode) -> bool {
+        method == Method::HEAD
+            || status.is_informational()
+            || status == StatusCode::NO_CONTENT
+            || status == StatusCode::NOT_MODIFIED
+    }
+
+    /// The length the response announces: its `Content-Length`, or else its
+    /// body's `size_hint` lower bound. A malformed header announces nothing.
+    pub(super) fn announced_len(headers: &HeaderMap, hint: &SizeHint) -> u64 {
+        let header = headers
+            .get(CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+        header.max(hint.lower())
+    }
+
+    pub(super) fn too_large(detail: &'static str) -> Error {
+        Error::new(ErrorKind::BodyTooLarge).with_detail(detail)
+    }
+
+    pub(super) fn body_error(err: BoxError) -> Error {
+        let mut err = match err.downcast::<Error>() {
+            Ok(err) => *err,
+            Err(other) => Error::new(ErrorKind::Body)
+                .with_detail("reading the response body failed")
+                .with_source(other),
+        };
+        // The response head arrived: the request reached the server.
+        if err.extensions().get::<Sent>().is_none() {
+            err.extensions_mut().insert(Sent::MaybeProcessed);
+        }
+        err
+    }
+
+    /// The body read so far. One chunk is kept as is (no copy); more are
+    /// gathered into one buffer.
+    #[derive(Default)]
+    pub(super) struct Collecting {
+        first: Option<Bytes>,
+        more: Option<BytesMut>,
+        len: usize,
+        /// The announced length (capped), to size the buffer once.
+        hint: usize,
+        trailers: Option<HeaderMap>,
+    }
+
+    impl Collecting {
+        pub(super) fn new(hint: usize) -> Self {
+            Collecting {
+                hint,
+                ..Collecting::default()
+            }
+        }
+
+        pub(super) fn push<D: Buf>(
+            &mut self,
+            frame: Frame<D>,
+            max_bytes: usize,
+        ) -> Result<(), Error> {
+            let mut data = match frame.into_data() {
+                Ok(data) => data,
+                Err(frame) => {
+                    if let Ok(trailers) = frame.into_trailers() {
+                        self.trailers = Some(trailers);
+                    }
+                    return Ok(());
                 }
+            };
+            let n = data.remaining();
+            if n == 0 {
                 return Ok(());
             }
-        };
-        let n = data.remaining();
-        if n == 0 {
-            return Ok(());
-        }
-        self.len = self.len.saturating_add(n);
-        if self.len > max_bytes {
-            return Err(too_large("the body passed the cap"));
-        }
-        match (&self.first, &mut self.more) {
-            (None, _) => self.first = Some(data.copy_to_bytes(n)),
-            (Some(first), None) => {
-                let mut more = BytesMut::with_capacity(self.hint.max(self.len));
-                more.extend_from_slice(first);
-                more.put(&mut data);
-                self.more = Some(more);
+            self.len = self.len.saturating_add(n);
+            if self.len > max_bytes {
+                return Err(too_large("the body passed the cap"));
             }
-            (Some(_), Some(more)) => more.put(&mut data),
+            match (&self.first, &mut self.more) {
+                (None, _) => self.first = Some(data.copy_to_bytes(n)),
+                (Some(first), None) => {
+                    let mut more = BytesMut::with_capacity(self.hint.max(self.len));
+                    more.extend_from_slice(first);
+                    more.put(&mut data);
+                    self.more = Some(more);
+                }
+                (Some(_), Some(more)) => more.put(&mut data),
+            }
+            Ok(())
         }
-        Ok(())
-    }
 
-    fn finish(self) -> CollectedBody {
-        let data = match (self.more, self.first) {
-            (Some(more), _) => more.freeze(),
-            (None, Some(first)) => first,
-            (None, None) => Bytes::new(),
-        };
-        CollectedBody {
-            data,
-            trailers: self.trailers,
+        pub(super) fn finish(self) -> CollectedBody {
+            let data = match (self.more, self.first) {
+                (Some(more), _) => more.freeze(),
+                (None, Some(first)) => first,
+                (None, None) => Bytes::new(),
+            };
+            CollectedBody {
+                data,
+                trailers: self.trailers,
+            }
         }
     }
 }
@@ -527,6 +539,7 @@ impl From<Bytes> for CollectedBody {
 
 #[cfg(test)]
 mod tests {
+    use super::future::*;
     use super::*;
 
     #[test]

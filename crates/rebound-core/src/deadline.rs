@@ -80,6 +80,8 @@ use crate::config::validate_duration;
 use crate::error::{BoxError, Error, TimeoutStage};
 use crate::redact::RequestName;
 
+use self::future::{Kind, ResponseFuture};
+
 // ===== impl DeadlineLayer =====
 
 /// Gives every request a total deadline; see the [module docs](self).
@@ -206,79 +208,85 @@ where
     }
 }
 
-// ===== impl ResponseFuture =====
+pub mod future {
+    //! The response future of [`DeadlineService`].
 
-pin_project! {
-    #[project = KindProj]
-    enum Kind<F> {
-        Running {
+    use super::*;
+
+    // ===== impl ResponseFuture =====
+
+    pin_project! {
+        #[project = KindProj]
+        pub(super) enum Kind<F> {
+            Running {
+                #[pin]
+                future: F,
+                // Armed (boxed, so that it can move into the response body)
+                // only once the inner future is pending: an answer that is
+                // there at once costs no allocation and no timer.
+                sleep: Option<Pin<Box<Sleep>>>,
+                deadline: Instant,
+            },
+            Expired,
+        }
+    }
+
+    pin_project! {
+        /// The response future of [`DeadlineService`].
+        pub struct ResponseFuture<F> {
             #[pin]
-            future: F,
-            // Armed (boxed, so that it can move into the response body)
-            // only once the inner future is pending: an answer that is
-            // there at once costs no allocation and no timer.
-            sleep: Option<Pin<Box<Sleep>>>,
-            deadline: Instant,
-        },
-        Expired,
+            pub(super) kind: Kind<F>,
+            pub(super) request: Option<RequestName>,
+        }
     }
-}
 
-pin_project! {
-    /// The response future of [`DeadlineService`].
-    pub struct ResponseFuture<F> {
-        #[pin]
-        kind: Kind<F>,
-        request: Option<RequestName>,
+    impl<F> fmt::Debug for ResponseFuture<F> {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.debug_struct("deadline::ResponseFuture")
+                .field("request", &self.request)
+                .finish_non_exhaustive()
+        }
     }
-}
 
-impl<F> fmt::Debug for ResponseFuture<F> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("deadline::ResponseFuture")
-            .field("request", &self.request)
-            .finish_non_exhaustive()
-    }
-}
+    impl<F, B, E> Future for ResponseFuture<F>
+    where
+        F: Future<Output = Result<Response<B>, E>>,
+        E: Into<BoxError>,
+    {
+        type Output = Result<Response<DeadlineBody<B>>, Error>;
 
-impl<F, B, E> Future for ResponseFuture<F>
-where
-    F: Future<Output = Result<Response<B>, E>>,
-    E: Into<BoxError>,
-{
-    type Output = Result<Response<DeadlineBody<B>>, Error>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
-        match this.kind.project() {
-            KindProj::Expired => {
-                let request = this.request.take().expect("polled after completion");
-                Poll::Ready(Err(request.name(Error::timeout(TimeoutStage::Deadline))))
-            }
-            KindProj::Running {
-                future,
-                sleep,
-                deadline,
-            } => {
-                // The inner outcome first: a result that is there is a real
-                // outcome, even if the deadline passed at the same moment.
-                if let Poll::Ready(result) = future.poll(cx) {
+        fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+            let this = self.project();
+            match this.kind.project() {
+                KindProj::Expired => {
                     let request = this.request.take().expect("polled after completion");
-                    return Poll::Ready(match result {
-                        Ok(res) => Ok(res.map(|body| DeadlineBody {
-                            inner: body,
-                            sleep: sleep.take(),
-                            deadline: *deadline,
-                            request: Some(request),
-                        })),
-                        Err(e) => Err(request.name(Error::from_boxed(e.into()))),
-                    });
+                    Poll::Ready(Err(request.name(Error::timeout(TimeoutStage::Deadline))))
                 }
-                let timer =
-                    sleep.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(*deadline)));
-                ready!(timer.as_mut().poll(cx));
-                let request = this.request.take().expect("polled after completion");
-                Poll::Ready(Err(request.name(Error::timeout(TimeoutStage::Deadline))))
+                KindProj::Running {
+                    future,
+                    sleep,
+                    deadline,
+                } => {
+                    // The inner outcome first: a result that is there is a real
+                    // outcome, even if the deadline passed at the same moment.
+                    if let Poll::Ready(result) = future.poll(cx) {
+                        let request = this.request.take().expect("polled after completion");
+                        return Poll::Ready(match result {
+                            Ok(res) => Ok(res.map(|body| DeadlineBody {
+                                inner: body,
+                                sleep: sleep.take(),
+                                deadline: *deadline,
+                                request: Some(request),
+                            })),
+                            Err(e) => Err(request.name(Error::from_boxed(e.into()))),
+                        });
+                    }
+                    let timer =
+                        sleep.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(*deadline)));
+                    ready!(timer.as_mut().poll(cx));
+                    let request = this.request.take().expect("polled after completion");
+                    Poll::Ready(Err(request.name(Error::timeout(TimeoutStage::Deadline))))
+                }
             }
         }
     }

@@ -16,6 +16,7 @@
 //! | `hyper::Error::is_canceled()` (feature `hyper`) | `Transport` | `NotSent` |
 //! | `hyper::Error::is_incomplete_message()` (feature `hyper`) | `Transport` | `MaybeProcessed` |
 //! | `io::Error` `ConnectionRefused` | `Connect` | `NotSent` |
+//! | `tonic::TimeoutExpired` (feature `tonic`): a `tonic::transport::Channel` enforcing the call's `grpc-timeout`, which rebound sets to the time left | `Timeout(Deadline)` | `MaybeProcessed` |
 //!
 //! Anything else stays a `Transport` error, which the classifier judges by
 //! the `io::Error` it may hold (see [`crate::classify`]).
@@ -51,6 +52,14 @@ pub(crate) fn recognise(err: &(dyn StdError + 'static)) -> Option<(ErrorKind, Se
                 ErrorKind::Timeout(TimeoutStage::Headers),
                 Sent::MaybeProcessed,
                 "timed out (tower Timeout)",
+            ));
+        }
+        #[cfg(feature = "tonic")]
+        if e.is::<tonic::TimeoutExpired>() {
+            return Some((
+                ErrorKind::Timeout(TimeoutStage::Deadline),
+                Sent::MaybeProcessed,
+                "timed out (tonic grpc-timeout)",
             ));
         }
         if e.is::<tower::load_shed::error::Overloaded>() {

@@ -122,6 +122,8 @@ use tower_service::Service;
 use crate::annotations::{IdempotencyKey, Reason, Verdict};
 use crate::error::{BoxError, Error};
 
+use self::future::ResponseFuture;
+
 /// The default header: `Idempotency-Key` (IETF draft
 /// `draft-ietf-httpapi-idempotency-key-header`).
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
@@ -420,56 +422,65 @@ where
     }
 }
 
-pin_project! {
-    /// The response future of [`IdempotencyKeyService`].
-    #[must_use = "futures do nothing unless polled"]
-    pub struct ResponseFuture<F> {
-        #[pin]
-        inner: F,
-        check_conflicts: bool,
-    }
-}
+pub mod future {
+    //! The response future of [`IdempotencyKeyService`].
 
-impl<F: fmt::Debug> fmt::Debug for ResponseFuture<F> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ResponseFuture")
-            .field("inner", &self.inner)
-            .field("check_conflicts", &self.check_conflicts)
-            .finish()
-    }
-}
+    use super::*;
 
-impl<F, B, E> Future for ResponseFuture<F>
-where
-    F: Future<Output = Result<Response<B>, E>>,
-    E: Into<BoxError>,
-{
-    type Output = Result<Response<B>, Error>;
+    // ===== impl ResponseFuture =====
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
-        let mut res = ready!(this.inner.poll(cx)).map_err(|e| Error::from_boxed(e.into()))?;
-        if *this.check_conflicts {
-            if let Some(reason) = conflict_reason(res.status()) {
-                res.extensions_mut().insert(Verdict::Fatal {
-                    reason: Reason::new_static(reason),
-                });
-            }
+    pin_project! {
+        /// The response future of [`IdempotencyKeyService`].
+        #[must_use = "futures do nothing unless polled"]
+        pub struct ResponseFuture<F> {
+            #[pin]
+            pub(super) inner: F,
+            pub(super) check_conflicts: bool,
         }
-        Poll::Ready(Ok(res))
     }
-}
 
-fn conflict_reason(status: StatusCode) -> Option<&'static str> {
-    match status {
-        StatusCode::CONFLICT => Some(REASON_IN_FLIGHT),
-        StatusCode::UNPROCESSABLE_ENTITY => Some(REASON_REUSED),
-        _ => None,
+    impl<F: fmt::Debug> fmt::Debug for ResponseFuture<F> {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.debug_struct("ResponseFuture")
+                .field("inner", &self.inner)
+                .field("check_conflicts", &self.check_conflicts)
+                .finish()
+        }
+    }
+
+    impl<F, B, E> Future for ResponseFuture<F>
+    where
+        F: Future<Output = Result<Response<B>, E>>,
+        E: Into<BoxError>,
+    {
+        type Output = Result<Response<B>, Error>;
+
+        fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+            let this = self.project();
+            let mut res = ready!(this.inner.poll(cx)).map_err(|e| Error::from_boxed(e.into()))?;
+            if *this.check_conflicts {
+                if let Some(reason) = conflict_reason(res.status()) {
+                    res.extensions_mut().insert(Verdict::Fatal {
+                        reason: Reason::new_static(reason),
+                    });
+                }
+            }
+            Poll::Ready(Ok(res))
+        }
+    }
+
+    pub(super) fn conflict_reason(status: StatusCode) -> Option<&'static str> {
+        match status {
+            StatusCode::CONFLICT => Some(REASON_IN_FLIGHT),
+            StatusCode::UNPROCESSABLE_ENTITY => Some(REASON_REUSED),
+            _ => None,
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::future::*;
     use super::*;
 
     #[test]

@@ -71,6 +71,11 @@ pub mod retry;
 #[cfg_attr(docsrs, doc(cfg(feature = "retry-after")))]
 pub mod retry_after;
 
+// --- gRPC: classification, method eligibility, deadlines that travel ---
+#[cfg(feature = "grpc")]
+#[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
+pub mod grpc;
+
 // --- timeouts: total deadline, per-attempt timeout ---
 #[cfg(feature = "timeout")]
 #[cfg_attr(docsrs, doc(cfg(feature = "timeout")))]
@@ -115,10 +120,10 @@ pub mod trace;
 
 pub use crate::annotations::{
     Attempt, Attempts, BudgetLeft, CertificateRejected, Deadline, DelaySource, GateWait, Hedged,
-    IdempotencyKey, LimiterState, PermitLease, PreviousAttempt, ProposedDelay, Reason,
+    IdempotencyKey, Idempotent, LimiterState, PermitLease, PreviousAttempt, ProposedDelay, Reason,
     RetryAfterHint, RetryStop, Sent, Verdict,
 };
-pub use crate::body::ReplayableBody;
+pub use crate::body::{ReplayableBody, RetryBody};
 pub use crate::error::{BoxError, Error, ErrorKind, TimeoutStage};
 
 #[cfg(feature = "timeout")]
@@ -134,6 +139,11 @@ pub use crate::collect::CollectBodyLayer;
 pub use crate::deadline::DeadlineLayer;
 #[cfg(feature = "retry-after")]
 pub use crate::gate::{GateMode, RetryAfterGateLayer};
+#[cfg(feature = "grpc")]
+pub use crate::grpc::{
+    GrpcClassifier, GrpcTrailersLayer, InboundDeadlineLayer, MarkRetryableLayer,
+    PropagateDeadlineLayer, RetryableMethods,
+};
 #[cfg(feature = "hedge")]
 pub use crate::hedge::{HedgeLayer, HedgePolicy};
 #[cfg(feature = "idempotency")]

@@ -284,6 +284,19 @@ impl From<Empty<Bytes>> for Body {
     }
 }
 
+/// A tonic request body (feature `tonic`), so that a tonic client stub
+/// (`MyServiceClient::new(client)`) can call through [`Client`](crate::Client):
+/// boxed like [`Body::wrap`], replayable up to the client's replay cap.
+#[cfg(feature = "tonic")]
+impl From<tonic::body::Body> for Body {
+    fn from(body: tonic::body::Body) -> Self {
+        if http_body::Body::is_end_stream(&body) {
+            return Body::empty();
+        }
+        Body::wrap(body)
+    }
+}
+
 impl From<Full<Bytes>> for Body {
     fn from(full: Full<Bytes>) -> Self {
         // `Full` does not give its bytes back; read the single frame it holds

@@ -41,9 +41,11 @@
 //! | [`RetryAfterGateLayer`] (holding) | new requests to a host whose gate is closed wait here, holding no permit | [`retry_after_gate`](ClientBuilder::retry_after_gate) |
 //! | [`ConcurrencyLimitLayer`] | logical requests in flight, held until the body ends | [`concurrency_limit`](ClientBuilder::concurrency_limit) |
 //! | [`IdempotencyKeyLayer`] | POST/PATCH get an `Idempotency-Key` once | [`idempotency_keys`](ClientBuilder::idempotency_keys) |
-//! | [`RetryLayer`] | the only loop; budget shared by all clones | [`max_attempts`](ClientBuilder::max_attempts), [`retry_budget`](ClientBuilder::retry_budget) |
+//! | [`MarkRetryableLayer`] (only when configured) | gRPC calls to methods declared safe are eligible for retry | [`grpc_retryable_methods`](ClientBuilder::grpc_retryable_methods) |
+//! | [`RetryLayer`] | the only loop; budget shared by all clones | [`max_attempts`](ClientBuilder::max_attempts), [`retry_budget`](ClientBuilder::retry_budget), [`retry_methods`](ClientBuilder::retry_methods) |
 //! | [`HedgeLayer`] | **off by default**; on, a first attempt with no answer after a delay gets a copy, the first acceptable answer wins, the other is cancelled; hedges spend the retry budget, and a hedged request is not retried | [`hedge`](ClientBuilder::hedge) |
 //! | [`AttemptTraceLayer`](rebound_core::trace::AttemptTraceLayer) | one child span per attempt | with `trace` |
+//! | [`PropagateDeadlineLayer`] (only when configured) | the time left, per attempt, as `grpc-timeout` and / or a budget header | [`propagate_grpc_timeout`](ClientBuilder::propagate_grpc_timeout), [`deadline_header`](ClientBuilder::deadline_header) |
 //! | [`BackoffLayer`] | proposes the delay; Retry-After wins | [`backoff`](ClientBuilder::backoff) |
 //! | [`RetryAfterGateLayer`] (closing) | closes a host's gate on a 429 with Retry-After; holds retries | [`retry_after_gate`](ClientBuilder::retry_after_gate) (wait, fail fast, off), [`retry_after_gate_on_503`](ClientBuilder::retry_after_gate_on_503) |
 //! | [`AdaptiveLimitLayer`] | attempts in flight; shrinks on 429/503/timeouts | [`adaptive_limit`](ClientBuilder::adaptive_limit) |
@@ -51,6 +53,13 @@
 //! | [`ClassifyLayer`] | each attempt's [`Verdict`](rebound_core::Verdict) | [`classifier`](ClientBuilder::classifier) |
 //! | [`AttemptTimeoutLayer`] | time to the response head, per attempt | [`attempt_timeout`](ClientBuilder::attempt_timeout) |
 //! | [`HyperTransport`] | connect and TLS timeouts, body idle / rate timeouts, HTTP/2 keep-alive PING; retires an HTTP/2 connection whose attempt timed out | [`connect_timeout`](ClientBuilder::connect_timeout), [`http2_keep_alive_interval`](ClientBuilder::http2_keep_alive_interval), ... |
+//!
+//! For gRPC, add [`http2_prior_knowledge`](ClientBuilder::http2_prior_knowledge)
+//! (plain-text servers) and a
+//! [`GrpcClassifier`](rebound_core::grpc::GrpcClassifier); a committed
+//! call's final status in the trailers is not classified by this client
+//! (stack [`GrpcTrailersLayer`](rebound_core::grpc::GrpcTrailersLayer)
+//! yourself to trace it).
 //!
 //! A layer that is "off" stays in the stack configured as a pass-through
 //! (a limit no one reaches, an empty method set, a gate in
@@ -110,6 +119,10 @@ use rebound_core::attempt_timeout::AttemptTimeoutLayer;
 use rebound_core::backoff::{Backoff, BackoffLayer};
 use rebound_core::cancel::CancelLayer;
 use rebound_core::classify::{ClassifyLayer, HttpClassifier};
+use rebound_core::grpc::{MarkRetryableLayer, PropagateDeadlineLayer, RetryableMethods};
+use tower::util::option_layer;
+
+use crate::classifier::{AnyClassifier, ClientClassifier};
 use rebound_core::collect::{CollectBodyLayer, CollectedBody};
 use rebound_core::deadline::{DeadlineBody, DeadlineLayer};
 use rebound_core::gate::{GateMode, GateTable, RetryAfterGateLayer};
@@ -292,7 +305,10 @@ pub struct ClientBuilder {
     backoff: Option<Backoff>,
     retry_after_cap: Duration,
     retry_after_over_cap: OverCap,
-    classifier: HttpClassifier,
+    classifier: AnyClassifier,
+    retry_methods: Option<Vec<http::Method>>,
+    grpc_methods: Option<RetryableMethods>,
+    propagate: Option<PropagateDeadlineLayer>,
     concurrency: Option<usize>,
     concurrency_shared: Option<Arc<ConcurrencyLimiter>>,
     adaptive: Option<Aimd>,
@@ -322,7 +338,10 @@ impl Default for ClientBuilder {
             backoff: None,
             retry_after_cap: DEFAULT_RETRY_AFTER_CAP,
             retry_after_over_cap: OverCap::default(),
-            classifier: HttpClassifier::default(),
+            classifier: AnyClassifier::Http(HttpClassifier::default()),
+            retry_methods: None,
+            grpc_methods: None,
+            propagate: None,
             concurrency: None,
             concurrency_shared: None,
             adaptive: Some(default_adaptive_limit()),
@@ -488,10 +507,67 @@ impl ClientBuilder {
         self
     }
 
-    /// Which outcomes are retryable. Default: [`HttpClassifier::default`]
-    /// (408, 429, 500, 502, 503, 504 and transient errors).
-    pub fn classifier(mut self, classifier: HttpClassifier) -> Self {
-        self.classifier = classifier;
+    /// Which outcomes are retryable: any [`ClientClassifier`], e.g.
+    /// [`GrpcClassifier`](rebound_core::grpc::GrpcClassifier) for gRPC.
+    /// Default: [`HttpClassifier::default`] (408, 429, 500, 502, 503, 504
+    /// and transient errors). The two built-in classifiers are kept by
+    /// value; any other costs an indirect call per attempt.
+    pub fn classifier<C: ClientClassifier>(mut self, classifier: C) -> Self {
+        self.classifier = AnyClassifier::of(classifier);
+        self
+    }
+
+    /// The methods that may be retried after the request may have been
+    /// processed (see
+    /// [`RetryPolicy::eligible_methods`](rebound_core::retry::RetryPolicy::eligible_methods)).
+    /// Default: GET, HEAD, OPTIONS, TRACE, PUT, DELETE.
+    pub fn retry_methods(mut self, methods: impl IntoIterator<Item = http::Method>) -> Self {
+        self.retry_methods = Some(methods.into_iter().collect());
+        self
+    }
+
+    /// The gRPC methods that are safe to retry (gRPC calls are POSTs):
+    /// calls to them are marked eligible
+    /// ([`MarkRetryableLayer`],
+    /// above the retry loop), and every gRPC attempt carries the time left
+    /// as `grpc-timeout` (as with
+    /// [`propagate_grpc_timeout`](Self::propagate_grpc_timeout)). Default:
+    /// none (a gRPC call is retried only when it was never sent).
+    pub fn grpc_retryable_methods(mut self, methods: RetryableMethods) -> Self {
+        self.grpc_methods = Some(methods);
+        self.propagate = Some(self.propagate.take().unwrap_or_default());
+        self
+    }
+
+    /// Write the time left before the deadline into `grpc-timeout` on every
+    /// attempt of a gRPC call (never larger than the time left; see
+    /// [`PropagateDeadlineLayer`]). Default: off, so that plain HTTP
+    /// requests do not pay the header look-up.
+    pub fn propagate_grpc_timeout(mut self, enabled: bool) -> Self {
+        let layer = self.propagate.take().unwrap_or_default();
+        self.propagate = Some(layer.grpc_timeout(enabled));
+        self
+    }
+
+    /// Write the time left before the deadline, in whole milliseconds,
+    /// into the header `name` on every attempt, so the server knows its
+    /// budget (read it on the server with
+    /// [`InboundDeadlineLayer::header`](rebound_core::grpc::InboundDeadlineLayer::header)).
+    /// Default: no such header.
+    pub fn deadline_header(mut self, name: http::HeaderName) -> Self {
+        let layer = self
+            .propagate
+            .take()
+            .unwrap_or_else(|| PropagateDeadlineLayer::new().grpc_timeout(false));
+        self.propagate = Some(layer.header(name));
+        self
+    }
+
+    /// Speak HTTP/2 from the first byte, plain-text connections included
+    /// (h2c "prior knowledge"), as a plain-text gRPC server expects; see
+    /// [`TransportBuilder::http2_prior_knowledge`]. Default: `false`.
+    pub fn http2_prior_knowledge(mut self, enabled: bool) -> Self {
+        self.transport = self.transport.http2_prior_knowledge(enabled);
         self
     }
 
@@ -764,6 +840,9 @@ impl ClientBuilder {
         }
 
         let mut policy = RetryPolicy::default().max_attempts(self.max_attempts);
+        if let Some(methods) = self.retry_methods {
+            policy = policy.eligible_methods(methods);
+        }
         if let Some(budget) = self.budget {
             policy = policy.budget(budget);
         }
@@ -826,12 +905,19 @@ impl ClientBuilder {
             None => self.trace,
         };
 
-        let attempts = AttemptStack::new(trace.attempt_layer().layer(backoff.layer(gate.layer(
-            adaptive.layer(retry_after.layer(classify.layer(attempt.layer(transport.clone())))),
-        ))));
-        let stack = trace.layer(CancelLayer::new().layer(deadline.layer(
-            hold.layer(concurrency.layer(idempotency.layer(retry.layer(hedge.layer(attempts))))),
+        // gRPC's two layers only when configured: a plain HTTP request
+        // then pays nothing for them (not even a header look-up).
+        let mark = option_layer(self.grpc_methods.map(MarkRetryableLayer::new));
+        let propagate = option_layer(self.propagate);
+
+        let attempts = AttemptStack::new(trace.attempt_layer().layer(propagate.layer(
+            backoff.layer(gate.layer(
+                adaptive.layer(retry_after.layer(classify.layer(attempt.layer(transport.clone())))),
+            )),
         )));
+        let stack = trace.layer(CancelLayer::new().layer(deadline.layer(hold.layer(
+            concurrency.layer(idempotency.layer(mark.layer(retry.layer(hedge.layer(attempts))))),
+        ))));
 
         // The JSON helpers' stack: the very same layer values (their state is
         // behind `Arc`s, so both stacks share the pool, budget, limiters and
@@ -841,11 +927,16 @@ impl ClientBuilder {
                 .max_bytes(self.max_response_body)
                 .layer(attempt.layer(transport)),
         );
-        let collecting_attempts = CollectingAttemptStack::new(trace.attempt_layer().layer(
-            backoff.layer(gate.layer(adaptive.layer(retry_after.layer(classify.layer(collected))))),
-        ));
+        let collecting_attempts =
+            CollectingAttemptStack::new(trace.attempt_layer().layer(propagate.layer(
+                backoff.layer(
+                    gate.layer(adaptive.layer(retry_after.layer(classify.layer(collected)))),
+                ),
+            )));
         let collecting = trace.layer(CancelLayer::new().layer(deadline.layer(hold.layer(
-            concurrency.layer(idempotency.layer(retry.layer(hedge.layer(collecting_attempts)))),
+            concurrency.layer(
+                idempotency.layer(mark.layer(retry.layer(hedge.layer(collecting_attempts)))),
+            ),
         ))));
         Ok(Client {
             inner: Stack::new(stack),

@@ -40,6 +40,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod body;
+mod classifier;
 pub mod client;
 pub mod connect;
 mod error;
@@ -48,6 +49,7 @@ pub mod response_body;
 pub mod transport;
 
 pub use crate::body::Body;
+pub use crate::classifier::ClientClassifier;
 pub use crate::client::{Client, ClientBody, ClientBuilder, ResponseFuture, SendFuture};
 pub use crate::connect::{Connector, TlsRoots};
 pub use crate::json::{JsonError, JsonErrorCategory, UnexpectedStatus};

@@ -181,6 +181,7 @@ pub struct TransportBuilder {
     roots: TlsRoots,
     tls_config: Option<Arc<ClientConfig>>,
     http2: bool,
+    http2_prior_knowledge: bool,
     pool_idle_timeout: Duration,
     pool_max_idle_per_host: usize,
     h2_keep_alive_interval: Option<Duration>,
@@ -199,6 +200,7 @@ impl Default for TransportBuilder {
             roots: TlsRoots::default(),
             tls_config: None,
             http2: true,
+            http2_prior_knowledge: false,
             pool_idle_timeout: DEFAULT_POOL_IDLE_TIMEOUT,
             pool_max_idle_per_host: usize::MAX,
             h2_keep_alive_interval: Some(DEFAULT_HTTP2_KEEP_ALIVE_INTERVAL),
@@ -219,6 +221,7 @@ impl fmt::Debug for TransportBuilder {
             .field("roots", &self.roots)
             .field("custom_tls_config", &self.tls_config.is_some())
             .field("http2", &self.http2)
+            .field("http2_prior_knowledge", &self.http2_prior_knowledge)
             .field("pool_idle_timeout", &self.pool_idle_timeout)
             .field("pool_max_idle_per_host", &self.pool_max_idle_per_host)
             .field("http2_keep_alive_interval", &self.h2_keep_alive_interval)
@@ -283,6 +286,20 @@ impl TransportBuilder {
     /// Offer HTTP/2 by ALPN on TLS connections. Default: `true`.
     pub fn http2(mut self, enabled: bool) -> Self {
         self.http2 = enabled;
+        self
+    }
+
+    /// Speak HTTP/2 from the first byte on every connection, plain-text
+    /// ones included ("prior knowledge", h2c): what a plain-text gRPC server
+    /// (tonic, grpc-go) expects. A TLS server must then speak HTTP/2 too;
+    /// HTTP/1.1-only servers cannot be reached. Turns [`http2`](Self::http2)
+    /// on. Default: `false` (plain text is HTTP/1.1, TLS negotiates by
+    /// ALPN).
+    pub fn http2_prior_knowledge(mut self, enabled: bool) -> Self {
+        self.http2_prior_knowledge = enabled;
+        if enabled {
+            self.http2 = true;
+        }
         self
     }
 
@@ -409,7 +426,12 @@ impl TransportBuilder {
             .try_connect_timeout(self.connect_timeout)?
             .try_tls_timeout(self.tls_timeout)?;
         let h2_seen = connector.h2_seen();
+        if self.http2_prior_knowledge {
+            // Every connection is HTTP/2, whatever ALPN said (or not).
+            h2_seen.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         let client = HyperClient::builder(TokioExecutor::new())
+            .http2_only(self.http2_prior_knowledge)
             .timer(TokioTimer::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(pool_idle_timeout)

@@ -10,9 +10,14 @@
 //!   and every event message at TRACE, so tests can assert what was logged
 //!   (and that a secret never was).
 //!
+//! * `grpc` (feature `tonic`): a scripted tonic server and a hand-written
+//!   client stub, for gRPC tests with no `protoc`.
+//!
 //! This crate does not depend on `rebound-core`, so that `rebound-core` can
 //! use it in its own tests without a second copy of its types.
 
 pub mod capture;
 pub mod fault;
+#[cfg(feature = "tonic")]
+pub mod grpc;
 pub mod mock;

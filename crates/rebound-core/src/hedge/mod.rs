@@ -74,7 +74,9 @@
 //!
 //! Only requests that may be sent twice are hedged: an idempotent method
 //! (GET, HEAD, OPTIONS, TRACE, PUT, DELETE by default:
-//! [`eligible_methods`](HedgePolicy::eligible_methods)), a non-blank
+//! [`eligible_methods`](HedgePolicy::eligible_methods)), an
+//! [`Idempotent`](crate::Idempotent) annotation (which gRPC's
+//! `MarkRetryableLayer` puts on calls to the methods declared safe), a non-blank
 //! `Idempotency-Key` header or [`IdempotencyKey`] annotation (so every
 //! copy carries the **same** key: it is part of the head every copy is
 //! made from), or a path declared hedgeable
@@ -162,7 +164,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use self::latency::Latency;
-use crate::annotations::{Attempt, Deadline, IdempotencyKey};
+use crate::annotations::{Attempt, Deadline, IdempotencyKey, Idempotent};
 use crate::body::ReplayableBody;
 use crate::error::{BoxError, Error};
 use crate::retry::RetryBudget;
@@ -504,7 +506,10 @@ impl Shared {
     /// Whether this request may be sent twice.
     fn hedgeable<B>(&self, req: &Request<B>) -> bool {
         let policy = &self.policy;
-        if policy.is_eligible_method(req.method()) {
+        // A caller (or a layer that knows the API, such as gRPC's
+        // `MarkRetryable` for methods declared safe) says it is idempotent.
+        if policy.is_eligible_method(req.method()) || req.extensions().get::<Idempotent>().is_some()
+        {
             return true;
         }
         // A blank key is no key, as for the retry layer: what the server

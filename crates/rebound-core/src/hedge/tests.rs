@@ -288,6 +288,13 @@ async fn only_requests_that_may_be_sent_twice_are_hedged() {
         .await
         .unwrap();
     assert_eq!(log.calls.load(SeqCst), 3);
+    // A POST the caller (or gRPC's MarkRetryable) declared idempotent.
+    let (inner, log) = upstream(vec![(1_000, 200)]);
+    let mut svc = HedgeLayer::new(HedgePolicy::fixed(ms(50))).layer(inner);
+    let mut req = post(None);
+    req.extensions_mut().insert(crate::annotations::Idempotent);
+    svc.ready().await.unwrap().call(req).await.unwrap();
+    assert_eq!(log.calls.load(SeqCst), 2);
     // A retry's attempt is not hedged.
     let (inner, log) = upstream(vec![(1_000, 200)]);
     let mut svc = HedgeLayer::new(HedgePolicy::fixed(ms(50))).layer(inner);

@@ -19,7 +19,7 @@ use crate::annotations::{
     Attempt, Attempts, BudgetLeft, DelaySource, Hedged, LimiterState, PreviousAttempt,
     ProposedDelay, Reason, RetryAfterHint, RetryStop, Sent, Verdict,
 };
-use crate::body::ReplayableBody;
+use crate::body::RetryBody;
 use crate::error::{BoxError, Error};
 
 /// At most this many bytes of a discarded response are read.
@@ -40,6 +40,7 @@ pin_project! {
     pub struct ResponseFuture<S, B, ResB>
     where
         S: Service<Request<B>>,
+        B: RetryBody,
     {
         #[pin]
         state: State<S::Future, ResB>,
@@ -74,11 +75,11 @@ pin_project! {
 }
 
 /// Everything the loop keeps between attempts (not pinned).
-pub(super) struct Replay<S, B> {
+pub(super) struct Replay<S, B: RetryBody> {
     /// The inner service, when a retry is possible.
     pub(super) service: Option<S>,
-    /// The request head and a replayable body to copy for each retry.
-    pub(super) template: Option<(Parts, B)>,
+    /// The request head and what the body kept, to copy for each retry.
+    pub(super) template: Option<(Parts, B::Kept)>,
     /// The next attempt's request, made before the sleep.
     pub(super) next: Option<Request<B>>,
     /// Method and URI for naming errors, when there is no template.
@@ -159,7 +160,7 @@ fn extensions_mut<ResB>(outcome: &mut Result<Response<ResB>, Error>) -> &mut htt
 
 impl<S, B> Replay<S, B>
 where
-    B: ReplayableBody,
+    B: RetryBody,
 {
     fn name(&self) -> Option<(&Method, &Uri)> {
         match (&self.template, &self.name) {
@@ -345,7 +346,7 @@ where
     fn may_become_whole(&self) -> bool {
         self.template
             .as_ref()
-            .is_some_and(|(_, body)| body.try_replay().is_some())
+            .is_some_and(|(_, kept)| B::may_replay(kept))
     }
 
     /// A fresh copy of the body for the next attempt, if it can be sent
@@ -353,7 +354,7 @@ where
     /// attempt still reads, past which the cap may yet pass) is not made, so
     /// no truncated attempt is ever started.
     fn replay_body(&self) -> Option<B> {
-        self.template.as_ref()?.1.try_replay_whole()
+        B::replay(&self.template.as_ref()?.1)
     }
 
     /// The request for attempt `n + 1`: `body` (a fresh copy), the template
@@ -390,6 +391,7 @@ where
 impl<S, B, ResB> ResponseFuture<S, B, ResB>
 where
     S: Service<Request<B>>,
+    B: RetryBody,
 {
     pub(super) fn new(fut: S::Future, replay: Replay<S, B>) -> Self {
         ResponseFuture {
@@ -402,6 +404,7 @@ where
 impl<S, B, ResB> fmt::Debug for ResponseFuture<S, B, ResB>
 where
     S: Service<Request<B>>,
+    B: RetryBody,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
@@ -421,7 +424,7 @@ impl<S, B, ResB> Future for ResponseFuture<S, B, ResB>
 where
     S: Service<Request<B>, Response = Response<ResB>>,
     S::Error: Into<BoxError>,
-    B: ReplayableBody,
+    B: RetryBody,
     ResB: Body,
 {
     type Output = Result<Response<ResB>, Error>;

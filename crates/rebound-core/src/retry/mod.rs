@@ -81,8 +81,9 @@
 //! the delay waited), [`BudgetLeft`](crate::BudgetLeft) and the failed
 //! attempt's [`LimiterState`](crate::LimiterState) if it had one; the trace
 //! layer's INFO `retrying` event is made from them. The body of each attempt is a fresh
-//! copy ([`ReplayableBody::try_replay`] for the first,
-//! [`ReplayableBody::try_replay_whole`] for every retry); a body that cannot
+//! copy ([`ReplayableBody::try_replay`](crate::body::ReplayableBody::try_replay) for the first,
+//! [`ReplayableBody::try_replay_whole`](crate::body::ReplayableBody::try_replay_whole)
+//! for every retry; see [`crate::body::RetryBody`]); a body that cannot
 //! be replayed is sent once and not retried
 //! ([`RetryStop::NotReplayable`](crate::RetryStop::NotReplayable), verdict
 //! rewritten to `Fatal { reason: "body not replayable" }`). A retry never
@@ -140,8 +141,8 @@ use tower_service::Service;
 pub use self::budget::RetryBudget;
 pub use self::policy::{RetryPolicy, MAX_ATTEMPTS};
 
-use crate::annotations::{Deadline, IdempotencyKey};
-use crate::body::ReplayableBody;
+use crate::annotations::{Deadline, IdempotencyKey, Idempotent};
+use crate::body::RetryBody;
 use crate::error::{BoxError, Error};
 
 const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
@@ -269,7 +270,7 @@ impl<S, B, ResB> Service<Request<B>> for Retry<S>
 where
     S: Service<Request<B>, Response = Response<ResB>> + Clone,
     S::Error: Into<BoxError>,
-    B: ReplayableBody,
+    B: RetryBody,
     ResB: http_body::Body,
 {
     type Response = Response<ResB>;
@@ -295,6 +296,7 @@ where
         // repeat by it. What the server sees is the header, so a blank
         // header is no key whatever the annotation says.
         let idempotent = self.policy.is_eligible_method(&parts.method)
+            || parts.extensions.get::<Idempotent>().is_some()
             || match parts.headers.get(IDEMPOTENCY_KEY) {
                 Some(v) => !IdempotencyKey::is_blank(v),
                 None => parts
@@ -304,12 +306,12 @@ where
             };
         let deadline = Deadline::of(&parts.extensions);
         let max_attempts = self.policy.max_attempts;
-        let (template, replayable) = if max_attempts <= 1 {
-            (None, true)
+        let (body, template, replayable) = if max_attempts <= 1 {
+            (body, None, true)
         } else {
-            match body.try_replay() {
-                Some(copy) => (Some((parts.clone(), copy)), true),
-                None => (None, false),
+            match body.keep() {
+                (body, Some(kept)) => (body, Some((parts.clone(), kept)), true),
+                (body, None) => (body, None, false),
             }
         };
         let name = if template.is_none() {

@@ -1,0 +1,331 @@
+//! Issue 12: gRPC through rebound's layers over a real
+//! `tonic::transport::Channel`, against a real tonic server
+//! (`rebound_test::grpc`) on real sockets.
+#![cfg(feature = "tonic")]
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use rebound::grpc::tonic::{error_of, IntoStatusLayer};
+use rebound::grpc::{
+    parse_grpc_timeout, Code, GrpcClassifier, GrpcTrailersLayer, MarkRetryableLayer,
+    PropagateDeadlineLayer, RetryableMethods,
+};
+use rebound::{
+    Attempts, Backoff, BackoffLayer, ClassifyLayer, DeadlineLayer, RetryAfterLayer, RetryLayer,
+    RetryPolicy, RetryStop,
+};
+use rebound_test::grpc::{GrpcServer, Reply, TestClient};
+use tokio::time::Instant;
+use tonic::transport::Channel;
+use tower::ServiceBuilder;
+
+const SAY: &str = "/test.Echo/Say";
+const CHARGE: &str = "/test.Billing/Charge";
+
+fn channel(uri: String) -> Channel {
+    Channel::from_shared(uri).unwrap().connect_lazy()
+}
+
+/// The stack the README shows for tonic, outer to inner.
+fn client(
+    channel: Channel,
+    classifier: GrpcClassifier,
+    total: Duration,
+) -> TestClient<
+    impl tonic::client::GrpcService<
+            tonic::body::Body,
+            Error = tonic::Status,
+            ResponseBody = impl http_body::Body<Data = Bytes, Error = rebound::Error> + Send + 'static,
+        > + Clone,
+> {
+    let stack = ServiceBuilder::new()
+        .layer(IntoStatusLayer::new())
+        .layer(DeadlineLayer::new(total))
+        .layer(MarkRetryableLayer::new(
+            RetryableMethods::none().service("test.Echo"),
+        ))
+        .layer(RetryLayer::new(RetryPolicy::default().max_attempts(4)))
+        .layer(PropagateDeadlineLayer::new())
+        .layer(BackoffLayer::new(Backoff::exponential(
+            Duration::from_millis(10),
+            Duration::from_millis(50),
+        )))
+        .layer(RetryAfterLayer::new())
+        .layer(GrpcTrailersLayer::new())
+        .layer(ClassifyLayer::new(classifier))
+        .service(channel);
+    TestClient::new(stack)
+}
+
+async fn within<F: std::future::Future>(f: F) -> F::Output {
+    tokio::time::timeout(Duration::from_secs(30), f)
+        .await
+        .expect("test took over 30 s")
+}
+
+#[tokio::test]
+async fn unavailable_twice_then_ok_makes_three_calls() {
+    within(async {
+        let server = GrpcServer::start(|_, n| {
+            if n < 2 {
+                Reply::status(tonic::Code::Unavailable)
+            } else {
+                Reply::ok("ok")
+            }
+        })
+        .await
+        .unwrap();
+        let mut c = client(
+            channel(server.uri()),
+            GrpcClassifier::default(),
+            Duration::from_secs(10),
+        );
+        // Larger than one frame of most writers, still under the replay cap:
+        // every attempt must carry the whole message, once.
+        let message = Bytes::from(vec![7u8; 40 * 1024]);
+        let res = c.unary(SAY, message.clone()).await.unwrap();
+        assert_eq!(res.get_ref(), "ok");
+        let calls = server.calls_to(SAY);
+        assert_eq!(calls.len(), 3);
+        for call in &calls {
+            assert_eq!(
+                call.message.as_ref(),
+                Some(&message),
+                "tonic's body, replayed"
+            );
+        }
+        assert_eq!(Attempts::of(res.extensions()), 3);
+        assert_eq!(res.metadata().get("rebound-attempts").unwrap(), "3");
+    })
+    .await
+}
+
+#[tokio::test]
+async fn invalid_argument_is_not_retried() {
+    within(async {
+        let server = GrpcServer::start(|_, _| Reply::status(tonic::Code::InvalidArgument))
+            .await
+            .unwrap();
+        let mut c = client(
+            channel(server.uri()),
+            GrpcClassifier::default(),
+            Duration::from_secs(10),
+        );
+        let status = c.unary(SAY, Bytes::new()).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        assert_eq!(server.calls_to(SAY).len(), 1);
+        assert_eq!(
+            status.metadata().get("rebound-retry-stop").unwrap(),
+            "fatal"
+        );
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_method_not_declared_retryable_is_called_once() {
+    within(async {
+        let server = GrpcServer::start(|_, _| Reply::status(tonic::Code::Unavailable))
+            .await
+            .unwrap();
+        let mut c = client(
+            channel(server.uri()),
+            GrpcClassifier::default(),
+            Duration::from_secs(10),
+        );
+        let status = c.unary(CHARGE, Bytes::new()).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unavailable);
+        assert_eq!(server.calls_to(CHARGE).len(), 1);
+        assert_eq!(
+            status.metadata().get("rebound-retry-stop").unwrap(),
+            "not_eligible"
+        );
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_refused_connection_is_retried_whatever_the_method() {
+    within(async {
+        // A port that nothing listens on.
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let mut c = client(
+            channel(format!("http://127.0.0.1:{port}")),
+            GrpcClassifier::default(),
+            Duration::from_secs(10),
+        );
+        let status = c.unary(CHARGE, Bytes::new()).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+        let err = error_of(&status).expect("the rebound error is the source");
+        assert_eq!(err.attempts(), 4, "{err}");
+        assert_eq!(err.retry_stop(), Some(RetryStop::Attempts));
+    })
+    .await
+}
+
+#[tokio::test]
+async fn pushback_sets_the_delay_and_negative_stops() {
+    within(async {
+        let server = GrpcServer::start(|path, n| match (path, n) {
+            ("/test.Echo/Wait", 0) => Reply::pushback(tonic::Code::ResourceExhausted, 500),
+            ("/test.Echo/Never", _) => Reply::pushback(tonic::Code::ResourceExhausted, -1),
+            _ => Reply::ok("ok"),
+        })
+        .await
+        .unwrap();
+        let classifier = GrpcClassifier::default().retryable_code(Code::RESOURCE_EXHAUSTED);
+        let mut c = client(channel(server.uri()), classifier, Duration::from_secs(10));
+
+        c.unary("/test.Echo/Wait", Bytes::new()).await.unwrap();
+        let calls = server.calls_to("/test.Echo/Wait");
+        assert_eq!(calls.len(), 2);
+        let gap = calls[1].at - calls[0].at;
+        assert!(gap >= Duration::from_millis(500), "{gap:?}");
+        assert!(gap < Duration::from_secs(5), "{gap:?}");
+
+        let status = c.unary("/test.Echo/Never", Bytes::new()).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+        assert_eq!(server.calls_to("/test.Echo/Never").len(), 1);
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_deadline_ends_a_slow_call_as_deadline_exceeded() {
+    within(async {
+        let server =
+            GrpcServer::start(|_, _| Reply::after(Duration::from_secs(2), Reply::ok("late")))
+                .await
+                .unwrap();
+        let mut c = client(
+            channel(server.uri()),
+            GrpcClassifier::default(),
+            Duration::from_millis(300),
+        );
+        let start = Instant::now();
+        let status = c.unary(SAY, Bytes::new()).await.unwrap_err();
+        let took = start.elapsed();
+        assert_eq!(
+            status.code(),
+            tonic::Code::DeadlineExceeded,
+            "{took:?} {status:?}"
+        );
+        assert!(error_of(&status).unwrap().is_timeout());
+        assert!(took >= Duration::from_millis(290), "{took:?}");
+        assert!(took < Duration::from_millis(1500), "{took:?}");
+        let calls = server.calls_to(SAY);
+        assert!(!calls.is_empty());
+        for call in calls {
+            let sent = call.grpc_timeout().expect("every attempt says how long");
+            let sent = parse_grpc_timeout(&sent.parse().unwrap()).unwrap();
+            // Never more than the time left when it was sent: at most the
+            // total, and at most what was left when it arrived plus the
+            // transit (connect and handshake on loopback; 50 ms is generous).
+            let left_on_arrival = Duration::from_millis(300).saturating_sub(call.at - start);
+            assert!(sent <= Duration::from_millis(300), "{sent:?}");
+            assert!(
+                sent <= left_on_arrival + Duration::from_millis(50),
+                "{sent:?} vs {left_on_arrival:?} left on arrival"
+            );
+            assert!(sent > Duration::ZERO);
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_callers_longer_grpc_timeout_is_lowered_to_the_time_left() {
+    within(async {
+        let server = GrpcServer::start(|_, _| Reply::ok("ok")).await.unwrap();
+        let mut c = client(
+            channel(server.uri()),
+            GrpcClassifier::default(),
+            Duration::from_millis(800),
+        );
+        let mut req = tonic::Request::new(Bytes::new());
+        req.set_timeout(Duration::from_secs(30));
+        c.unary_request(SAY, req).await.unwrap();
+        let call = &server.calls_to(SAY)[0];
+        let sent = parse_grpc_timeout(&call.grpc_timeout().unwrap().parse().unwrap()).unwrap();
+        assert!(sent <= Duration::from_millis(800), "{sent:?}");
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_message_over_the_replay_cap_is_sent_once() {
+    within(async {
+        let server = GrpcServer::start(|_, _| Reply::status(tonic::Code::Unavailable))
+            .await
+            .unwrap();
+        let mut c = client(
+            channel(server.uri()),
+            GrpcClassifier::default(),
+            Duration::from_secs(10),
+        );
+        // Over ReplayBody's 64 KiB cap: the first attempt streams it whole,
+        // and no retry can be made.
+        let message = Bytes::from(vec![1u8; 100 * 1024]);
+        let status = c.unary(SAY, message.clone()).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unavailable);
+        let calls = server.calls_to(SAY);
+        assert_eq!(calls.len(), 1);
+        assert_eq!(calls[0].message.as_ref(), Some(&message));
+        assert_eq!(
+            status.metadata().get("rebound-retry-stop").unwrap(),
+            "not_replayable"
+        );
+    })
+    .await
+}
+
+#[tokio::test]
+async fn tonics_set_timeout_becomes_the_deadline_with_the_inbound_layer_on_top() {
+    within(async {
+        let server = GrpcServer::start(|_, n| {
+            if n == 0 {
+                Reply::status(tonic::Code::Unavailable)
+            } else {
+                Reply::after(Duration::from_secs(2), Reply::ok("late"))
+            }
+        })
+        .await
+        .unwrap();
+        // On a client stack, InboundDeadlineLayer reads the grpc-timeout
+        // that tonic's `Request::set_timeout` wrote: the whole call, retries
+        // included, ends by then, and each attempt carries what is left.
+        let stack = ServiceBuilder::new()
+            .layer(IntoStatusLayer::new())
+            .layer(rebound::grpc::InboundDeadlineLayer::new())
+            .layer(DeadlineLayer::new(Duration::from_secs(10)))
+            .layer(MarkRetryableLayer::new(RetryableMethods::all()))
+            .layer(RetryLayer::new(RetryPolicy::default().max_attempts(4)))
+            .layer(PropagateDeadlineLayer::new())
+            .layer(RetryAfterLayer::new())
+            .layer(ClassifyLayer::new(GrpcClassifier::default()))
+            .service(channel(server.uri()));
+        let mut c = TestClient::new(stack);
+        let mut req = tonic::Request::new(Bytes::new());
+        req.set_timeout(Duration::from_millis(400));
+        let start = Instant::now();
+        let status = c.unary_request(SAY, req).await.unwrap_err();
+        let took = start.elapsed();
+        assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status:?}");
+        assert!(took < Duration::from_millis(1500), "{took:?}");
+        let calls = server.calls_to(SAY);
+        assert_eq!(calls.len(), 2);
+        let first = parse_grpc_timeout(&calls[0].grpc_timeout().unwrap().parse().unwrap()).unwrap();
+        let second =
+            parse_grpc_timeout(&calls[1].grpc_timeout().unwrap().parse().unwrap()).unwrap();
+        assert!(first <= Duration::from_millis(400), "{first:?}");
+        assert!(
+            second < first,
+            "the retry carries less: {second:?} vs {first:?}"
+        );
+    })
+    .await
+}

@@ -1,0 +1,48 @@
+//! Issue 12: `rebound::Client` speaks HTTP/2 with prior knowledge to a
+//! plain-text tonic server, under a tonic client stub, with the gRPC
+//! classifier and per-method eligibility from its builder.
+#![cfg(feature = "tonic")]
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use rebound::grpc::{GrpcClassifier, RetryableMethods};
+use rebound::Client;
+use rebound_test::grpc::{GrpcServer, Reply, TestClient};
+
+#[tokio::test]
+async fn the_client_calls_a_plain_text_tonic_server() {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let server = GrpcServer::start(|_, n| {
+            if n == 0 {
+                Reply::status(tonic::Code::Unavailable)
+            } else {
+                Reply::ok("pong")
+            }
+        })
+        .await
+        .unwrap();
+        let client = Client::builder()
+            .http2_prior_knowledge(true)
+            .classifier(GrpcClassifier::default())
+            .grpc_retryable_methods(RetryableMethods::none().service("test.Echo"))
+            .total_timeout(Duration::from_secs(5))
+            .attempt_timeout(Duration::from_secs(2))
+            .build()
+            .unwrap();
+        // Not a Channel: the stub puts the server's origin in each URI.
+        let mut stub = TestClient::with_origin(client, server.uri().parse().unwrap());
+        let res = stub
+            .unary("/test.Echo/Ping", Bytes::from_static(b"ping"))
+            .await
+            .unwrap();
+        assert_eq!(res.get_ref(), "pong");
+        let calls = server.calls_to("/test.Echo/Ping");
+        assert_eq!(calls.len(), 2, "UNAVAILABLE, then OK");
+        let timeout = calls[1].grpc_timeout().expect("the time left travels");
+        let left = rebound::grpc::parse_grpc_timeout(&timeout.parse().unwrap()).unwrap();
+        assert!(left <= Duration::from_secs(5), "{left:?}");
+    })
+    .await
+    .unwrap();
+}

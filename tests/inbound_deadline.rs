@@ -1,0 +1,124 @@
+//! Issue 12: an axum server's inbound deadline (`grpc-timeout`) becomes the
+//! deadline of the outbound calls its handler makes through rebound, and
+//! the downstream is told how long it has.
+
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::routing::get;
+use axum::Router;
+use http::{HeaderName, Request, StatusCode};
+use http_body_util::BodyExt;
+use rebound::grpc::InboundDeadlineLayer;
+use rebound::{Body, Client};
+use rebound_test::fault::{Action, FaultServer};
+use tokio::time::Instant;
+
+const BUDGET: HeaderName = HeaderName::from_static("x-budget-ms");
+
+async fn handler(State((client, downstream)): State<(Client, String)>) -> (StatusCode, String) {
+    let start = Instant::now();
+    match client.get(&downstream).await {
+        Ok(res) => (res.status(), "unexpected answer".into()),
+        Err(e) => (
+            StatusCode::GATEWAY_TIMEOUT,
+            format!(
+                "{} {}",
+                e.timeout_stage().map_or("none", |s| s.as_str()),
+                start.elapsed().as_millis()
+            ),
+        ),
+    }
+}
+
+async fn gateway(downstream: String) -> String {
+    // The client's own total (10 s) is far longer than the caller's 300 ms.
+    let client = Client::builder()
+        .total_timeout(Duration::from_secs(10))
+        .deadline_header(BUDGET)
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(handler))
+        .with_state((client, downstream))
+        .layer(InboundDeadlineLayer::new());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}/")
+}
+
+async fn ask(url: &str, grpc_timeout: &str) -> (StatusCode, String, Duration) {
+    let caller = Client::builder().max_attempts(1).build().unwrap();
+    let req = Request::get(url)
+        .header("grpc-timeout", grpc_timeout)
+        .body(Body::empty())
+        .unwrap();
+    let start = Instant::now();
+    let res = caller.send(req).await.unwrap();
+    let status = res.status();
+    let text = res.into_body().collect().await.unwrap().to_bytes();
+    (
+        status,
+        String::from_utf8_lossy(&text).into_owned(),
+        start.elapsed(),
+    )
+}
+
+#[tokio::test]
+async fn an_inbound_grpc_timeout_bounds_the_outbound_call() {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let downstream = FaultServer::builder()
+            .default(Action::never_respond())
+            .start()
+            .await;
+        let url = gateway(downstream.url("/hang")).await;
+
+        let (status, text, took) = ask(&url, "300m").await;
+        assert_eq!(status, StatusCode::GATEWAY_TIMEOUT, "{text}");
+        let (stage, ms) = text.split_once(' ').unwrap();
+        assert_eq!(stage, "deadline");
+        let ms: u64 = ms.parse().unwrap();
+        assert!((250..1500).contains(&ms), "outbound call took {ms} ms");
+        assert!(took < Duration::from_millis(2000), "{took:?}");
+
+        let seen = downstream.requests_to("/hang");
+        assert_eq!(seen.len(), 1, "no retry fits in the time left");
+        for r in seen {
+            let budget: u64 = r.header("x-budget-ms").unwrap().parse().unwrap();
+            assert!(budget <= 300, "{budget}");
+        }
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_malformed_inbound_grpc_timeout_is_ignored() {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let downstream = FaultServer::builder()
+            .default(Action::never_respond())
+            .start()
+            .await;
+        let url = gateway(downstream.url("/hang")).await;
+        // Ignored: the handler's call runs on the client's own deadline, so
+        // it does not end within the caller's patience (it is not a zero
+        // deadline either: the downstream was called).
+        let caller = Client::builder().max_attempts(1).build().unwrap();
+        let req = Request::get(&url)
+            .header("grpc-timeout", "123456789m")
+            .body(Body::empty())
+            .unwrap();
+        let r = tokio::time::timeout(Duration::from_millis(800), caller.send(req)).await;
+        assert!(
+            r.is_err(),
+            "the malformed value must not cut the call short"
+        );
+        let seen = downstream.requests_to("/hang");
+        assert_eq!(seen.len(), 1);
+        let budget: u64 = seen[0].header("x-budget-ms").unwrap().parse().unwrap();
+        assert!(budget > 5_000, "{budget}");
+    })
+    .await
+    .unwrap();
+}
