@@ -75,7 +75,7 @@
 //! Only requests that may be sent twice are hedged: an idempotent method
 //! (GET, HEAD, OPTIONS, TRACE, PUT, DELETE by default:
 //! [`eligible_methods`](HedgePolicy::eligible_methods)), an
-//! [`Idempotent`](crate::Idempotent) annotation (which gRPC's
+//! [`Idempotent`] annotation (which gRPC's
 //! `MarkRetryableLayer` puts on calls to the methods declared safe), a non-blank
 //! `Idempotency-Key` header or [`IdempotencyKey`] annotation (so every
 //! copy carries the **same** key: it is part of the head every copy is
