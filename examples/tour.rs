@@ -8,10 +8,10 @@
 //! A [`FaultServer`] (plain TCP) and a second one speaking TLS misbehave on
 //! cue; the client goes through a 503 storm, a 429 with `Retry-After: 1`, a
 //! server that never answers, a stalled body, a TLS handshake that hangs,
-//! POSTs with and without an idempotency key, a refused connection, an
-//! outage where the retry budget stops a retry storm, and a host whose
-//! circuit breaker opens, fails calls at once, and closes again after a
-//! probe. Every request carries
+//! POSTs with and without an idempotency key, a refused connection, a hung
+//! GET overtaken by its hedge, an outage where the retry budget stops a
+//! retry storm, and a host whose circuit breaker opens, fails calls at
+//! once, and closes again after a probe. Every request carries
 //! a secret in its `Authorization` header, an `x-api-key` header, the query
 //! (`?api_key=`) and the URL's userinfo.
 //!
@@ -28,7 +28,10 @@ use std::time::Duration;
 use http::{Method, Request};
 use http_body_util::BodyExt;
 use rebound::breaker::{CircuitBreakerConfig, CircuitBreakerLayer};
-use rebound::{Attempts, Backoff, Body, Client, ClientBuilder, RetryBudget, RetryStop, TlsRoots};
+use rebound::hedge::HedgePolicy;
+use rebound::{
+    Attempts, Backoff, Body, Client, ClientBuilder, Hedged, RetryBudget, RetryStop, TlsRoots,
+};
 use rebound_test::capture::Capture;
 use rebound_test::fault::{refused_addr, Action, ConnectionAction, FaultServer};
 use tokio::time::Instant;
@@ -93,8 +96,9 @@ impl Tour {
             Ok(res) => {
                 let attempts = Attempts::of(res.extensions());
                 let stop = res.extensions().get::<RetryStop>().copied();
+                let hedged = res.extensions().get::<Hedged>().copied();
                 let status = res.status();
-                let outcome = match res.into_body().collect().await {
+                let mut outcome = match res.into_body().collect().await {
                     Ok(body) if status.is_success() => {
                         format!("{status} ({} bytes)", body.to_bytes().len())
                     }
@@ -104,6 +108,13 @@ impl Tour {
                         format!("{} head; body {}", status.as_u16(), e.kind())
                     }
                 };
+                if let Some(Hedged {
+                    copies,
+                    winner: Some(w),
+                }) = hedged
+                {
+                    outcome.push_str(&format!(", copy {w}/{copies} won"));
+                }
                 (attempts, stop, outcome)
             }
             Err(e) => {
@@ -234,6 +245,7 @@ async fn tour() {
         )
         .route("/limited", [Action::status(429).header("retry-after", "1")])
         .route("/slow", [Action::never_respond()])
+        .route("/hedged", [Action::never_respond()])
         .route("/stalled", [Action::stall_body()])
         .route("/orders", [Action::status(503), Action::status(503)])
         .route("/payments", [Action::status(503)])
@@ -316,6 +328,16 @@ async fn tour() {
         request(Method::POST, &refused, "/orders", "tour-8"),
     )
     .await;
+
+    // Hedging (off by default): the first attempt hangs, a copy goes after
+    // 100 ms and answers; the hung one is cancelled (its connection closed).
+    t.run(
+        "GET, first copy hangs, hedge after 100 ms",
+        &client(builder(&roots).hedge(HedgePolicy::fixed(Duration::from_millis(100)))),
+        request(Method::GET, &base, "/hedged", "tour-h"),
+    )
+    .await;
+    let singles = t.rows.len();
 
     // An outage: ten GETs to a server that is down, from one client whose
     // budget allows one retry per second and nothing per request.
@@ -406,7 +428,7 @@ async fn tour() {
     )
     .await;
     omitted.extend(tried.iter().map(|r| r.logs.as_str()));
-    let calls_made = 8 + calls.len() + tried.len() + 1;
+    let calls_made = singles + calls.len() + tried.len() + 1;
 
     // ===== the table =====
     println!(

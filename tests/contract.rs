@@ -10,7 +10,8 @@ use http::{HeaderValue, Request, Response};
 use rebound::breaker::{CircuitBreakerConfig, CircuitBreakerLayer};
 use rebound::{
     AdaptiveLimitLayer, Aimd, AttemptTimeoutLayer, Backoff, BackoffLayer, ClassifyLayer,
-    ConcurrencyLimitLayer, DeadlineLayer, HttpClassifier, RetryAfterLayer, RetryLayer, RetryPolicy,
+    ConcurrencyLimitLayer, DeadlineLayer, HedgeLayer, HedgePolicy, HttpClassifier, RetryAfterLayer,
+    RetryLayer, RetryPolicy,
 };
 use tower::{ServiceBuilder, ServiceExt};
 
@@ -24,6 +25,9 @@ async fn every_layer_composes_in_service_builder_with_towers_and_tower_https() {
         .layer(DeadlineLayer::new(Duration::from_secs(5)))
         .layer(ConcurrencyLimitLayer::new(8))
         .layer(RetryLayer::new(RetryPolicy::default().max_attempts(3)))
+        .layer(HedgeLayer::new(HedgePolicy::fixed(Duration::from_millis(
+            50,
+        ))))
         .layer(BackoffLayer::new(Backoff::exponential(
             Duration::from_millis(1),
             Duration::from_millis(10),
@@ -52,6 +56,7 @@ fn try_new_returns_the_error_that_new_panics_with() {
         RetryLayer::try_new(RetryPolicy::default().max_attempts(0)).unwrap_err(),
         CircuitBreakerLayer::try_new(CircuitBreakerConfig::default().failure_ratio(0.0))
             .unwrap_err(),
+        HedgeLayer::try_new(HedgePolicy::fixed(Duration::ZERO)).unwrap_err(),
     ] {
         assert!(err.is_config(), "{err}");
     }

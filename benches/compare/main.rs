@@ -17,8 +17,10 @@
 //! Sections: `overhead` (in-process), `loopback` (a hyper server in a
 //! separate process on 127.0.0.1), `outage` (amplification under 503s and
 //! share of retries allowed at 1 % failure), `herd` (jitter modes on the
-//! paused clock) and `breaker` (one host down for 30 s, one healthy, on the
-//! paused clock). See BENCHMARKS.md for what each number means.
+//! paused clock), `breaker` (one host down for 30 s, one healthy, on the
+//! paused clock) and `hedge` (tail latency with 1 % slow answers: no
+//! hedging, tower's `Hedge`, rebound's). See BENCHMARKS.md for what each
+//! number means.
 //!
 //! The same executable is the loopback server: run with `--bench-server` it
 //! serves HTTP/1.1 on 127.0.0.1 until its parent closes its stdin or its
@@ -30,6 +32,7 @@ use std::process::ExitCode;
 use stats_alloc::{StatsAlloc, INSTRUMENTED_SYSTEM};
 
 mod breaker;
+mod hedge;
 mod herd;
 mod loopback;
 mod outage;
@@ -77,7 +80,7 @@ impl Mode {
     }
 }
 
-const SECTIONS: [&str; 5] = ["overhead", "loopback", "outage", "herd", "breaker"];
+const SECTIONS: [&str; 6] = ["overhead", "loopback", "outage", "herd", "breaker", "hedge"];
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -123,12 +126,13 @@ fn main() -> ExitCode {
     let mut failures = Vec::new();
     let mut passed = 0;
     type Section = fn(Mode) -> Result<report::Checks, tower::BoxError>;
-    let sections: [(&str, Section); 5] = [
+    let sections: [(&str, Section); 6] = [
         ("overhead", overhead::run),
         ("loopback", loopback::run),
         ("outage", outage::run),
         ("herd", herd::run),
         ("breaker", breaker::run),
+        ("hedge", hedge::run),
     ];
     for (name, run) in sections {
         if !wanted(name) {

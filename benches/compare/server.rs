@@ -8,8 +8,12 @@
 //! * `/status/503` — 503 with a short body, for every request (the outage);
 //! * `/flaky/<pct>` — 503 for `pct` % of requests (a fixed pseudo-random
 //!   sequence, the same in every run), 200 otherwise;
-//! * `/__count` — how many requests the three paths above received (not
-//!   itself counted).
+//! * `/tail` — the tail (see `hedge.rs`): 200 after about 1 ms, or after
+//!   1 s for the first arrival of a request whose `x-tail-id` is a
+//!   multiple of 100 (so a hedge of a slow request is fast, as a copy sent
+//!   to a healthy replica would be);
+//! * `/__count` — how many requests the paths above received (not
+//!   itself counted); `/__slow` — how many slow `/tail` answers began.
 //!
 //! It stops when its parent closes its stdin (the parent exited or was
 //! killed) or when its lifetime runs out, whichever is first; the parent's
@@ -32,6 +36,14 @@ use tower::BoxError;
 
 /// Requests received on the counted paths.
 static RECEIVED: AtomicU64 = AtomicU64::new(0);
+
+/// Slow `/tail` answers begun.
+static SLOW: AtomicU64 = AtomicU64::new(0);
+
+/// `/tail` ids already seen, by id modulo its length (a run sends far
+/// fewer ids than this).
+static SEEN: [std::sync::atomic::AtomicBool; 1 << 20] =
+    [const { std::sync::atomic::AtomicBool::new(false) }; 1 << 20];
 
 /// The longest a server may live, whatever its parent asks.
 const MAX_LIFETIME_SECS: u64 = 3600;
@@ -167,8 +179,28 @@ async fn handle(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infalli
         let n = RECEIVED.load(Ordering::Relaxed);
         return Ok(Response::new(Full::new(Bytes::from(n.to_string()))));
     }
+    if path == "/__slow" {
+        let n = SLOW.load(Ordering::Relaxed);
+        return Ok(Response::new(Full::new(Bytes::from(n.to_string()))));
+    }
     let n = RECEIVED.fetch_add(1, Ordering::Relaxed);
     if path == "/ok" {
+        reply(StatusCode::OK, b"ok")
+    } else if path == "/tail" {
+        let id = req
+            .headers()
+            .get("x-tail-id")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        let slow = id.is_some_and(|id| {
+            id % 100 == 0 && !SEEN[(id as usize) % SEEN.len()].swap(true, Ordering::Relaxed)
+        });
+        if slow {
+            SLOW.fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        } else {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
         reply(StatusCode::OK, b"ok")
     } else if path == "/status/503" {
         reply(StatusCode::SERVICE_UNAVAILABLE, b"unavailable")

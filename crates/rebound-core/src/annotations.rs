@@ -478,11 +478,14 @@ pub enum RetryStop {
     Budget,
     /// The next attempt could not finish before the deadline.
     Deadline,
+    /// The outcome is a hedged group's ([`Hedged`]): a request is hedged
+    /// or retried, not both (gRFC A6).
+    Hedged,
 }
 
 impl RetryStop {
     /// A short label: `"fatal"`, `"not_eligible"`, `"not_replayable"`,
-    /// `"attempts"`, `"budget"` or `"deadline"`.
+    /// `"attempts"`, `"budget"`, `"deadline"` or `"hedged"`.
     pub fn as_str(&self) -> &'static str {
         match self {
             RetryStop::Fatal => "fatal",
@@ -491,6 +494,7 @@ impl RetryStop {
             RetryStop::Attempts => "attempts",
             RetryStop::Budget => "budget",
             RetryStop::Deadline => "deadline",
+            RetryStop::Hedged => "hedged",
         }
     }
 }
@@ -499,6 +503,23 @@ impl fmt::Display for RetryStop {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
+}
+
+/// This outcome comes from a hedged group: more than one copy of the
+/// attempt was sent (by the hedge layer), and `winner` says which one
+/// answered (`1` is the original, `2` the first hedge, ...; `None` when
+/// every copy failed and this is the last failure).
+///
+/// On the outcome only when a hedge was actually sent, so a request that
+/// answers before its hedge delay carries nothing. The retry loop reads it:
+/// a hedged outcome is **not retried** ([`RetryStop::Hedged`]), so a
+/// request is hedged or retried, never both (gRFC A6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Hedged {
+    /// Copies sent, the original included.
+    pub copies: u32,
+    /// The copy whose answer this is, if one was acceptable.
+    pub winner: Option<u32>,
 }
 
 // ===== state other layers may show =====

@@ -12,6 +12,7 @@
 //!           ConcurrencyLimit caps logical requests in flight
 //!           IdempotencyKey   POST/PATCH get an Idempotency-Key once
 //!           Retry            the only loop: eligibility, budget, deadline
+//!           Hedge            (opt-in) a copy of a slow first attempt
 //!           Backoff          proposes the delay for each retryable outcome
 //!           RetryAfterGate   holds requests to a host that asked for a pause
 //!           CircuitBreaker   fails calls to a failing host at once, not sent
@@ -62,6 +63,9 @@ pub mod replay;
 #[cfg_attr(docsrs, doc(cfg(feature = "backoff")))]
 pub mod backoff;
 pub mod classify;
+#[cfg(feature = "hedge")]
+#[cfg_attr(docsrs, doc(cfg(feature = "hedge")))]
+pub mod hedge;
 #[cfg(feature = "retry")]
 #[cfg_attr(docsrs, doc(cfg(feature = "retry")))]
 pub mod retry;
@@ -123,7 +127,7 @@ pub mod trace;
 
 pub use crate::annotations::{
     Attempt, Attempts, BudgetLeft, CertificateRejected, CircuitState, Deadline, DelaySource,
-    GateWait, IdempotencyKey, Idempotent, LimiterState, PermitLease, PreviousAttempt,
+    GateWait, Hedged, IdempotencyKey, Idempotent, LimiterState, PermitLease, PreviousAttempt,
     ProposedDelay, Reason, RetryAfterHint, RetryStop, Sent, Verdict,
 };
 pub use crate::body::{ReplayableBody, RetryBody};
@@ -149,6 +153,8 @@ pub use crate::grpc::{
     GrpcClassifier, GrpcTrailersLayer, InboundDeadlineLayer, MarkRetryableLayer,
     PropagateDeadlineLayer, RetryableMethods,
 };
+#[cfg(feature = "hedge")]
+pub use crate::hedge::{HedgeLayer, HedgePolicy};
 #[cfg(feature = "idempotency")]
 pub use crate::idempotency::IdempotencyKeyLayer;
 #[cfg(feature = "limit")]

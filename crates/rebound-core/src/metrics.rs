@@ -16,6 +16,8 @@
 //! | [`DEADLINE_EXPIRED`] `rebound.client.deadline.expired` | counter | {request} | method | `TraceLayer`, on a deadline timeout or [`RetryStop::Deadline`](crate::RetryStop::Deadline) |
 //! | [`LIMITER_LIMIT`] `rebound.client.limiter.limit` | gauge | {request} | limiter | [`record_limiter`], or a [`LimiterState`] annotation |
 //! | [`LIMITER_QUEUE_LENGTH`] `rebound.client.limiter.queue_length` | gauge | {request} | limiter | the same |
+//! | [`HEDGES_SENT`] `rebound.client.hedges` | counter | {request} | method | `HedgeLayer`, per hedge sent |
+//! | [`HEDGES_WON`] `rebound.client.hedges.won` | counter | {request} | method | `HedgeLayer`, when a hedge (not the original) gave the answer |
 //! | [`GATE_WAITS`] `rebound.client.gate.waits` | counter | {request} | — | [`record_gate_wait`], or a [`GateWait`] annotation |
 //! | [`GATE_WAIT_DURATION`] `rebound.client.gate.wait.duration` | histogram | s | — | the same |
 //! | [`CIRCUIT_TRANSITIONS`] `rebound.client.circuit_breaker.transitions` | counter | {transition} | state | [`record_circuit_transition`], called by the circuit breaker |
@@ -88,6 +90,10 @@ pub const DEADLINE_EXPIRED: &str = "rebound.client.deadline.expired";
 pub const LIMITER_LIMIT: &str = "rebound.client.limiter.limit";
 /// Requests waiting in a limiter's queue.
 pub const LIMITER_QUEUE_LENGTH: &str = "rebound.client.limiter.queue_length";
+/// Hedges sent (copies beyond the original).
+pub const HEDGES_SENT: &str = "rebound.client.hedges";
+/// Hedges whose answer won over the original's.
+pub const HEDGES_WON: &str = "rebound.client.hedges.won";
 /// Requests held by a Retry-After gate.
 pub const GATE_WAITS: &str = "rebound.client.gate.waits";
 /// How long requests were held by a Retry-After gate (seconds).
@@ -158,6 +164,16 @@ pub fn describe() {
         "Requests waiting in a concurrency limiter's queue."
     );
     describe_counter!(
+        HEDGES_SENT,
+        Unit::Count,
+        "Hedges sent: copies of a slow attempt beyond the original."
+    );
+    describe_counter!(
+        HEDGES_WON,
+        Unit::Count,
+        "Hedges whose answer won over the original's."
+    );
+    describe_counter!(
         GATE_WAITS,
         Unit::Count,
         "Requests held by a Retry-After gate."
@@ -204,6 +220,16 @@ pub fn record_circuit_transition(state: CircuitState) {
 /// Record that a circuit breaker failed a request at once.
 pub fn record_circuit_rejected() {
     counter!(CIRCUIT_REJECTED).increment(1);
+}
+
+/// Record that a hedge of a `method` request was sent.
+pub fn record_hedge_sent(method: &Method) {
+    counter!(HEDGES_SENT, LABEL_METHOD => method_label(method)).increment(1);
+}
+
+/// Record that a hedge (not the original) of a `method` request won.
+pub fn record_hedge_won(method: &Method) {
+    counter!(HEDGES_WON, LABEL_METHOD => method_label(method)).increment(1);
 }
 
 /// The method as a label value: standard methods as themselves, anything

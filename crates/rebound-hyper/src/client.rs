@@ -43,6 +43,7 @@
 //! | [`IdempotencyKeyLayer`] | POST/PATCH get an `Idempotency-Key` once | [`idempotency_keys`](ClientBuilder::idempotency_keys) |
 //! | [`MarkRetryableLayer`] (only when configured) | gRPC calls to methods declared safe are eligible for retry | [`grpc_retryable_methods`](ClientBuilder::grpc_retryable_methods) |
 //! | [`RetryLayer`] | the only loop; budget shared by all clones | [`max_attempts`](ClientBuilder::max_attempts), [`retry_budget`](ClientBuilder::retry_budget), [`retry_methods`](ClientBuilder::retry_methods) |
+//! | [`HedgeLayer`] | **off by default**; on, a first attempt with no answer after a delay gets a copy, the first acceptable answer wins, the other is cancelled; hedges spend the retry budget, and a hedged request is not retried | [`hedge`](ClientBuilder::hedge) |
 //! | [`AttemptTraceLayer`](rebound_core::trace::AttemptTraceLayer) | one child span per attempt | with `trace` |
 //! | [`PropagateDeadlineLayer`] (only when configured) | the time left, per attempt, as `grpc-timeout` and / or a budget header | [`propagate_grpc_timeout`](ClientBuilder::propagate_grpc_timeout), [`deadline_header`](ClientBuilder::deadline_header) |
 //! | [`BackoffLayer`] | proposes the delay; Retry-After wins | [`backoff`](ClientBuilder::backoff) |
@@ -128,6 +129,7 @@ use crate::classifier::{AnyClassifier, ClientClassifier};
 use rebound_core::collect::{CollectBodyLayer, CollectedBody};
 use rebound_core::deadline::{DeadlineBody, DeadlineLayer};
 use rebound_core::gate::{GateMode, GateTable, RetryAfterGateLayer};
+use rebound_core::hedge::{HedgeLayer, HedgePolicy};
 use rebound_core::idempotency::IdempotencyKeyLayer;
 use rebound_core::limit::{
     AdaptiveLimitLayer, AdaptiveLimiter, Aimd, ConcurrencyLimitLayer, ConcurrencyLimiter, LimitBody,
@@ -320,6 +322,7 @@ pub struct ClientBuilder {
     /// `None`: the default breaker, new per built client.
     breaker: Option<Option<CircuitBreakerLayer>>,
     idempotency: bool,
+    hedge: HedgePolicy,
     replay_cap: usize,
     max_response_body: usize,
     trace: TraceLayer,
@@ -353,6 +356,7 @@ impl Default for ClientBuilder {
             gate_table: None,
             breaker: None,
             idempotency: true,
+            hedge: HedgePolicy::off(),
             replay_cap: DEFAULT_REPLAY_BUFFER_CAP,
             max_response_body: DEFAULT_MAX_RESPONSE_BODY,
             trace: TraceLayer::new(),
@@ -668,6 +672,21 @@ impl ClientBuilder {
         self
     }
 
+    /// Hedge slow first attempts with `policy` (see
+    /// [`rebound_core::hedge`]): e.g.
+    /// `HedgePolicy::percentile(0.95)` or
+    /// `HedgePolicy::fixed(Duration::from_millis(50))`. The hedge sits
+    /// right below the retry loop, so each copy is a whole attempt (its own
+    /// span, limiter permit, verdict and attempt timeout); hedges spend the
+    /// client's [retry budget](Self::retry_budget) unless the policy has a
+    /// [budget](HedgePolicy::budget) of its own; a request that was hedged
+    /// is not retried (gRFC A6), one whose first attempt failed before its
+    /// hedge delay is retried as usual. Default: [`HedgePolicy::off`].
+    pub fn hedge(mut self, policy: HedgePolicy) -> Self {
+        self.hedge = policy;
+        self
+    }
+
     /// How many bytes of a streamed request body are kept so that it can be
     /// sent again: a stream of at most this many bytes is retried like an
     /// in-memory body, a longer one is sent once and not retried
@@ -717,7 +736,8 @@ impl ClientBuilder {
     /// A [configuration error](Error::is_config) saying what cannot work: a
     /// zero or over-a-day timeout, an attempt timeout longer than the total
     /// timeout, a backoff cap longer than the total timeout, zero attempts,
-    /// a zero concurrency limit, no root certificates.
+    /// a zero concurrency limit, no root certificates, a
+    /// [hedge](Self::hedge) policy that cannot work.
     ///
     /// # Defaults fit what you set
     ///
@@ -848,6 +868,12 @@ impl ClientBuilder {
             policy = policy.budget(budget);
         }
         let retry = RetryLayer::try_new(policy)?;
+        let hedge = if self.hedge.has_budget() {
+            self.hedge
+        } else {
+            self.hedge.budget(Arc::clone(retry.policy().get_budget()))
+        };
+        let hedge = HedgeLayer::try_new(hedge)?;
 
         let retry_after = RetryAfterLayer::new()
             .try_max_delay(self.retry_after_cap)?
@@ -915,9 +941,9 @@ impl ClientBuilder {
                 adaptive.layer(retry_after.layer(classify.layer(attempt.layer(transport.clone())))),
             ))),
         )));
-        let stack = trace.layer(CancelLayer::new().layer(deadline.layer(
-            hold.layer(concurrency.layer(idempotency.layer(mark.layer(retry.layer(attempts))))),
-        )));
+        let stack = trace.layer(CancelLayer::new().layer(deadline.layer(hold.layer(
+            concurrency.layer(idempotency.layer(mark.layer(retry.layer(hedge.layer(attempts))))),
+        ))));
 
         // The JSON helpers' stack: the very same layer values (their state is
         // behind `Arc`s, so both stacks share the pool, budget, limiters and
@@ -933,7 +959,9 @@ impl ClientBuilder {
             ))),
         ));
         let collecting = trace.layer(CancelLayer::new().layer(deadline.layer(hold.layer(
-            concurrency.layer(idempotency.layer(mark.layer(retry.layer(collecting_attempts)))),
+            concurrency.layer(
+                idempotency.layer(mark.layer(retry.layer(hedge.layer(collecting_attempts)))),
+            ),
         ))));
         Ok(Client {
             inner: Stack::new(stack),

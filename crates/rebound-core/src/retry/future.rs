@@ -16,8 +16,8 @@ use tower_service::Service;
 
 use super::policy::RetryPolicy;
 use crate::annotations::{
-    Attempt, Attempts, BudgetLeft, DelaySource, LimiterState, PreviousAttempt, ProposedDelay,
-    Reason, RetryAfterHint, RetryStop, Sent, Verdict,
+    Attempt, Attempts, BudgetLeft, DelaySource, Hedged, LimiterState, PreviousAttempt,
+    ProposedDelay, Reason, RetryAfterHint, RetryStop, Sent, Verdict,
 };
 use crate::body::RetryBody;
 use crate::error::{BoxError, Error};
@@ -209,6 +209,11 @@ where
             }
             Some(Verdict::Retryable { sent, .. }) => *sent,
         };
+        // A hedged group already sent its copies: hedged or retried, not
+        // both (gRFC A6).
+        if ext.get::<Hedged>().is_some() {
+            return Decision::Return(self.finish(outcome, Some(RetryStop::Hedged)));
+        }
         if !self.replayable {
             ext.insert(Verdict::Fatal {
                 reason: Reason::new_static("body not replayable"),
