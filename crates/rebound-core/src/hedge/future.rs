@@ -14,7 +14,7 @@ use tokio::time::{sleep_until, Instant, Sleep};
 use tower_service::Service;
 
 use super::latency::Latency;
-use crate::annotations::{Hedged, RetryAfterHint, Verdict};
+use crate::annotations::{Hedged, RetryAfterHint, Sent, Verdict};
 use crate::body::ReplayableBody;
 use crate::error::{BoxError, Error};
 use crate::retry::RetryBudget;
@@ -126,15 +126,20 @@ fn extensions_mut<R>(outcome: &mut Result<Response<R>, Error>) -> &mut http::Ext
 }
 
 /// Whether an outcome may be the answer: a response whose verdict is not
-/// retryable, or an error classified fatal. An error with no verdict (no
-/// classifier below) is not: another copy may still answer.
+/// retryable, or an error classified fatal that came from the server's
+/// side. An error with no verdict (no classifier below) is not, nor one
+/// marked [`Sent::NotSent`] (a copy refused before it left, e.g. by an
+/// open circuit breaker): another copy may still answer.
 fn acceptable<R>(outcome: &Result<Response<R>, Error>) -> bool {
     match outcome {
         Ok(res) => !Verdict::of(res.extensions()).is_retryable(),
-        Err(err) => err
-            .extensions()
-            .get::<Verdict>()
-            .is_some_and(Verdict::is_fatal),
+        Err(err) => {
+            err.extensions().get::<Sent>() != Some(&Sent::NotSent)
+                && err
+                    .extensions()
+                    .get::<Verdict>()
+                    .is_some_and(Verdict::is_fatal)
+        }
     }
 }
 
