@@ -89,6 +89,9 @@ pub mod collect;
 #[cfg(feature = "idempotency")]
 #[cfg_attr(docsrs, doc(cfg(feature = "idempotency")))]
 pub mod idempotency;
+#[cfg(feature = "reconcile")]
+#[cfg_attr(docsrs, doc(cfg(feature = "reconcile")))]
+pub mod reconcile;
 
 // --- load control and cancellation ---
 #[cfg(feature = "breaker")]
@@ -151,6 +154,8 @@ pub use crate::grpc::{
 pub use crate::idempotency::IdempotencyKeyLayer;
 #[cfg(feature = "limit")]
 pub use crate::limit::{AdaptiveLimitLayer, Aimd, ConcurrencyLimitLayer};
+#[cfg(feature = "reconcile")]
+pub use crate::reconcile::ReconcileLayer;
 #[cfg(feature = "retry")]
 pub use crate::retry::{RetryBudget, RetryLayer, RetryPolicy};
 #[cfg(feature = "retry-after")]
