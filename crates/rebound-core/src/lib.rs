@@ -100,6 +100,9 @@ pub mod breaker;
 #[cfg(feature = "cancel")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cancel")))]
 pub mod cancel;
+#[cfg(feature = "fallback")]
+#[cfg_attr(docsrs, doc(cfg(feature = "fallback")))]
+pub mod fallback;
 #[cfg(feature = "retry-after")]
 #[cfg_attr(docsrs, doc(cfg(feature = "retry-after")))]
 pub mod gate;
@@ -143,6 +146,8 @@ pub use crate::classify::{Classifier, ClassifyLayer, HttpClassifier};
 pub use crate::collect::CollectBodyLayer;
 #[cfg(feature = "timeout")]
 pub use crate::deadline::DeadlineLayer;
+#[cfg(feature = "fallback")]
+pub use crate::fallback::FallbackLayer;
 #[cfg(feature = "retry-after")]
 pub use crate::gate::{GateMode, RetryAfterGateLayer};
 #[cfg(feature = "grpc")]
