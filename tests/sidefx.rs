@@ -1,5 +1,6 @@
 //! Side effects over real sockets (issue 14, parts 1 and 2): reconciling a
 //! write whose answer was lost, and falling back only where policy allows.
+#![allow(clippy::type_complexity)]
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;

@@ -1,6 +1,7 @@
 //! `FallbackLayer` over `tower::service_fn`, on paused time: only listed
 //! routes, only after a retryable failure, no credential across hosts.
 #![cfg(all(feature = "fallback", feature = "retry"))]
+#![allow(clippy::type_complexity)]
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -1,6 +1,7 @@
 //! `ReconcileLayer` over `tower::service_fn`, on paused time: a write whose
 //! answer was lost is reconciled with a status check before it is sent again.
 #![cfg(all(feature = "reconcile", feature = "retry"))]
+#![allow(clippy::type_complexity)]
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
