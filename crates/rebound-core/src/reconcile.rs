@@ -102,10 +102,20 @@
 //!
 //! # Cost
 //!
-//! A request without an `Idempotency-Key` header (or with one but whose
-//! attempt succeeds) pays one header lookup and, for one that has it, one
-//! reference-count clone of the header value; no allocation, no lock.
-//! The check path is boxed.
+//! A request without an operation id pays one header lookup (and one
+//! extension lookup) and nothing else. A request with one also clones, at
+//! call time, the id's header value, the check service `C` and the
+//! request's method and URI (to name an ambiguous error): reference counts
+//! (`bytes` may allocate its shared counter once for a value that was not
+//! shared yet; the retry layer's template clone above has usually done so
+//! already). No lock. The check path is boxed.
+//!
+//! The check also runs after the **last** attempt's maybe-processed
+//! outcome: the caller then gets the operation's result (or an ambiguous
+//! error) rather than a lost answer. A `Finished` response is returned as
+//! the check produced it, plus [`Reconciled`] and [`Verdict::Success`]: if
+//! the check itself ran through a rebound client, its own annotations
+//! (e.g. `Attempts`) stay on it.
 
 use std::fmt;
 use std::future::Future;
