@@ -28,13 +28,19 @@ use std::time::Duration;
 use http::{Method, Request};
 use http_body_util::BodyExt;
 use rebound::breaker::{CircuitBreakerConfig, CircuitBreakerLayer};
+use rebound::fallback::{FallbackLayer, Route, Served};
 use rebound::hedge::HedgePolicy;
+use rebound::rebound_hyper::ClientBody;
+use rebound::reconcile::{Check, OperationId, ReconcileLayer, Reconciled};
+use rebound::retry::{RetryLayer, RetryPolicy};
 use rebound::{
-    Attempts, Backoff, Body, Client, ClientBuilder, Hedged, RetryBudget, RetryStop, TlsRoots,
+    Attempts, Backoff, Body, BoxError, Client, ClientBuilder, Hedged, RetryBudget, RetryStop,
+    TlsRoots,
 };
 use rebound_test::capture::Capture;
 use rebound_test::fault::{refused_addr, Action, ConnectionAction, FaultServer};
 use tokio::time::Instant;
+use tower::{ServiceBuilder, ServiceExt};
 use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::layer::SubscriberExt;
 
@@ -92,15 +98,34 @@ impl Tour {
     async fn run(&mut self, title: &'static str, client: &Client, req: Request<Body>) {
         self.capture.clear();
         let start = Instant::now();
-        let (attempts, stop, outcome) = match client.send(req).await {
+        let outcome = client.send(req).await;
+        self.record(title, start, outcome).await;
+    }
+
+    /// Record a table row for an outcome of any stack over the client.
+    async fn record(
+        &mut self,
+        title: &'static str,
+        start: Instant,
+        outcome: Result<http::Response<ClientBody>, rebound::Error>,
+    ) {
+        let (attempts, stop, outcome) = match outcome {
             Ok(res) => {
                 let attempts = Attempts::of(res.extensions());
                 let stop = res.extensions().get::<RetryStop>().copied();
                 let hedged = res.extensions().get::<Hedged>().copied();
                 let status = res.status();
+                let how = match (
+                    res.extensions().get::<Reconciled>(),
+                    res.extensions().get::<Served>(),
+                ) {
+                    (Some(_), _) => " reconciled".to_owned(),
+                    (_, Some(s)) => format!(" via route {}", s.route),
+                    _ => String::new(),
+                };
                 let mut outcome = match res.into_body().collect().await {
                     Ok(body) if status.is_success() => {
-                        format!("{status} ({} bytes)", body.to_bytes().len())
+                        format!("{status} ({} bytes){how}", body.to_bytes().len())
                     }
                     Ok(_) => status.to_string(),
                     Err(e) => {
@@ -428,7 +453,78 @@ async fn tour() {
     )
     .await;
     omitted.extend(tried.iter().map(|r| r.logs.as_str()));
-    let calls_made = singles + calls.len() + tried.len() + 1;
+    let calls_made = singles + calls.len() + tried.len() + 1 + 2;
+
+    // ===== side effects: reconcile a lost answer, fall back within policy =====
+    // A POST the server processes, then resets before answering: the
+    // status check `GET /operations/{id}` finds it done, no second write.
+    server.route("/transfers", [Action::reset()]);
+    server.route(
+        "/operations/tour-11",
+        [Action::status(200).body(r#"{"transfer":"done"}"#)],
+    );
+    let checker = client(builder(&roots));
+    let check = tower::service_fn(move |id: OperationId| {
+        let (checker, url) = (checker.clone(), format!("{base}/operations/{id}"));
+        async move {
+            let res = checker.get(url).await?;
+            Ok::<_, BoxError>(match res.status().as_u16() {
+                200 => Check::Finished(res),
+                404 => Check::NotFound,
+                _ => Check::Unknown,
+            })
+        }
+    });
+    let reconciling = ServiceBuilder::new()
+        .layer(RetryLayer::new(RetryPolicy::default().max_attempts(3)))
+        .layer(ReconcileLayer::new(check).check_timeout(Duration::from_secs(1)))
+        .service(client(builder(&roots).max_attempts(1)));
+    let mut req = request(Method::POST, &server.url(""), "/transfers", "tour-11");
+    req.headers_mut()
+        .insert("idempotency-key", http::HeaderValue::from_static("tour-11"));
+    t.capture.clear();
+    let start = Instant::now();
+    let out = ServiceExt::<Request<Body>>::oneshot(reconciling, req).await;
+    t.record("reconcile: POST reset after processing", start, out)
+        .await;
+    assert_eq!(server.requests_to("/transfers").len(), 1, "one transfer");
+
+    // A primary that answers 503 to every attempt, then an approved
+    // secondary; neither Authorization nor x-api-key crosses to it.
+    let secondary = FaultServer::builder()
+        .default(Action::status(200).body("ok from the secondary"))
+        .start()
+        .await;
+    server.route("/chat", std::iter::repeat_n(Action::status(503), 3));
+    let falling = ServiceBuilder::new()
+        .layer(
+            FallbackLayer::new([Route::base_url(&secondary.url(""))]).strip_headers([
+                http::header::AUTHORIZATION,
+                http::HeaderName::from_static("x-api-key"),
+            ]),
+        )
+        .service(client(builder(&roots).circuit_breaker(None)));
+    t.capture.clear();
+    let start = Instant::now();
+    let out = ServiceExt::<Request<Body>>::oneshot(
+        falling,
+        request(Method::GET, &server.url(""), "/chat", "tour-12"),
+    )
+    .await;
+    t.record("fallback: primary 503 x 3, secondary", start, out)
+        .await;
+    let got = secondary.requests();
+    assert_eq!(got.len(), 1);
+    assert_eq!(
+        got[0].header("authorization"),
+        None,
+        "no credential across hosts"
+    );
+    assert_eq!(
+        got[0].header("x-api-key"),
+        None,
+        "no credential across hosts"
+    );
 
     // ===== the table =====
     println!(

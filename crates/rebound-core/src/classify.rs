@@ -320,6 +320,9 @@ fn classify_error(err: &Error) -> Verdict {
         // Failed at once by a circuit breaker, never sent: retrying now
         // would only meet the open circuit again (and spend the budget).
         ErrorKind::CircuitOpen => return fatal("circuit open"),
+        // A write that may have happened and could not be reconciled:
+        // sending it again could do it twice.
+        ErrorKind::Ambiguous => return fatal("ambiguous write"),
         ErrorKind::Decode => return fatal("decode error"),
         ErrorKind::Status => return fatal("unexpected status"),
         ErrorKind::BodyTooLarge => return fatal("body too large"),

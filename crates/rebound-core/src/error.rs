@@ -115,6 +115,10 @@ pub enum ErrorKind {
     /// request was failed at once, **not sent**. The error names the host
     /// and when the circuit may close (see `rebound_core::breaker`).
     CircuitOpen,
+    /// A write may have been processed (its answer was lost) and the status
+    /// check could not say how it ended; the error carries the operation id
+    /// (see `rebound_core::reconcile`). Not retried.
+    Ambiguous,
     /// The request cannot be sent (again): its body cannot be replayed.
     NotReplayable,
     /// The request itself is invalid (bad URI, bad header value, ...).
@@ -142,6 +146,7 @@ impl ErrorKind {
             ErrorKind::Rejected => "rejected",
             ErrorKind::Throttled => "throttled",
             ErrorKind::CircuitOpen => "circuit_open",
+            ErrorKind::Ambiguous => "ambiguous",
             ErrorKind::NotReplayable => "not_replayable",
             ErrorKind::InvalidRequest => "invalid_request",
             ErrorKind::Config => "config",
@@ -164,6 +169,7 @@ impl fmt::Display for ErrorKind {
             ErrorKind::Rejected => f.write_str("rejected by the concurrency limiter"),
             ErrorKind::Throttled => f.write_str("throttled: the server asked for a pause"),
             ErrorKind::CircuitOpen => f.write_str("circuit open"),
+            ErrorKind::Ambiguous => f.write_str("ambiguous write"),
             ErrorKind::NotReplayable => f.write_str("request body not replayable"),
             ErrorKind::InvalidRequest => f.write_str("invalid request"),
             ErrorKind::Config => f.write_str("invalid configuration"),
@@ -352,6 +358,12 @@ impl Error {
     /// Whether a circuit breaker failed the request at once (not sent).
     pub fn is_circuit_open(&self) -> bool {
         self.inner.kind == ErrorKind::CircuitOpen
+    }
+
+    /// Whether a write may have been processed and its state could not be
+    /// reconciled (see `rebound_core::reconcile`).
+    pub fn is_ambiguous(&self) -> bool {
+        self.inner.kind == ErrorKind::Ambiguous
     }
 
     /// Whether this is a configuration error from building a layer or client.

@@ -93,6 +93,9 @@ pub mod collect;
 #[cfg(feature = "idempotency")]
 #[cfg_attr(docsrs, doc(cfg(feature = "idempotency")))]
 pub mod idempotency;
+#[cfg(feature = "reconcile")]
+#[cfg_attr(docsrs, doc(cfg(feature = "reconcile")))]
+pub mod reconcile;
 
 // --- load control and cancellation ---
 #[cfg(feature = "breaker")]
@@ -101,6 +104,9 @@ pub mod breaker;
 #[cfg(feature = "cancel")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cancel")))]
 pub mod cancel;
+#[cfg(feature = "fallback")]
+#[cfg_attr(docsrs, doc(cfg(feature = "fallback")))]
+pub mod fallback;
 #[cfg(feature = "retry-after")]
 #[cfg_attr(docsrs, doc(cfg(feature = "retry-after")))]
 pub mod gate;
@@ -146,6 +152,8 @@ pub use crate::classify::{Classifier, ClassifyLayer, HttpClassifier};
 pub use crate::collect::CollectBodyLayer;
 #[cfg(feature = "timeout")]
 pub use crate::deadline::DeadlineLayer;
+#[cfg(feature = "fallback")]
+pub use crate::fallback::FallbackLayer;
 #[cfg(feature = "retry-after")]
 pub use crate::gate::{GateMode, RetryAfterGateLayer};
 #[cfg(feature = "grpc")]
@@ -159,6 +167,8 @@ pub use crate::hedge::{HedgeLayer, HedgePolicy};
 pub use crate::idempotency::IdempotencyKeyLayer;
 #[cfg(feature = "limit")]
 pub use crate::limit::{AdaptiveLimitLayer, Aimd, ConcurrencyLimitLayer};
+#[cfg(feature = "reconcile")]
+pub use crate::reconcile::ReconcileLayer;
 #[cfg(feature = "retry")]
 pub use crate::retry::{RetryBudget, RetryLayer, RetryPolicy};
 #[cfg(feature = "retry-after")]
