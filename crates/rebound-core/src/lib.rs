@@ -103,6 +103,9 @@ pub mod gate;
 #[cfg(feature = "limit")]
 #[cfg_attr(docsrs, doc(cfg(feature = "limit")))]
 pub mod limit;
+#[cfg(feature = "shutdown")]
+#[cfg_attr(docsrs, doc(cfg(feature = "shutdown")))]
+pub mod shutdown;
 
 // --- observability ---
 #[cfg(feature = "metrics")]
@@ -120,8 +123,8 @@ pub mod trace;
 // as tower's are.
 
 pub use crate::annotations::{
-    Attempt, Attempts, BudgetLeft, CertificateRejected, CircuitState, Deadline, DelaySource,
-    GateWait, IdempotencyKey, Idempotent, LimiterState, PermitLease, PreviousAttempt,
+    Attempt, Attempts, BudgetLeft, CertificateRejected, CircuitState, Closing, Deadline,
+    DelaySource, GateWait, IdempotencyKey, Idempotent, LimiterState, PermitLease, PreviousAttempt,
     ProposedDelay, Reason, RetryAfterHint, RetryStop, Sent, Verdict,
 };
 pub use crate::body::{ReplayableBody, RetryBody};
@@ -155,5 +158,7 @@ pub use crate::limit::{AdaptiveLimitLayer, Aimd, ConcurrencyLimitLayer};
 pub use crate::retry::{RetryBudget, RetryLayer, RetryPolicy};
 #[cfg(feature = "retry-after")]
 pub use crate::retry_after::{OverCap, RetryAfterLayer};
+#[cfg(feature = "shutdown")]
+pub use crate::shutdown::{ShutdownHandle, ShutdownLayer, ShutdownReport};
 #[cfg(feature = "trace")]
 pub use crate::trace::{AttemptTraceLayer, TraceLayer};
