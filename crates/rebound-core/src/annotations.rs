@@ -336,6 +336,51 @@ impl Closing {
     }
 }
 
+/// A waiting point's view of the task's [`Closing`] signal: looked up on
+/// the first poll of the wait (a wait begun in `call` runs before the scope
+/// is entered), then polled with the wait. Allocates only for a request
+/// that waits under a signal.
+#[derive(Default)]
+pub(crate) struct ClosingWait {
+    closed: Option<std::pin::Pin<Box<dyn Future<Output = ()> + Send + Sync>>>,
+}
+
+impl ClosingWait {
+    /// Whether the task's signal has closed (registers the waker if not).
+    pub(crate) fn poll_closed(&mut self, cx: &mut std::task::Context<'_>) -> bool {
+        if self.closed.is_none() {
+            self.closed = Closing::current().map(Closing::closed_owned);
+        }
+        self.closed
+            .as_mut()
+            .is_some_and(|c| c.as_mut().poll(cx).is_ready())
+    }
+}
+
+/// The error of a request whose wait (a gate, a limit's queue) a shutdown
+/// ended: [`ErrorKind::Closed`](crate::ErrorKind::Closed), not sent, fatal,
+/// carrying the previous attempt's [`PreviousAttempt`] when there was one
+/// (its outcome is the last real one).
+#[allow(dead_code)] // not every feature has a waiting point
+pub(crate) fn closed_while_waiting<B>(
+    req: &http::Request<B>,
+    detail: &'static str,
+) -> crate::Error {
+    let mut err = crate::Error::new(crate::ErrorKind::Closed)
+        .with_detail(detail)
+        .with_request(req.method(), req.uri());
+    let previous = req.extensions().get::<PreviousAttempt>().cloned();
+    let ext = err.extensions_mut();
+    ext.insert(Sent::NotSent);
+    ext.insert(Verdict::Fatal {
+        reason: Reason::new_static("closed"),
+    });
+    if let Some(p) = previous {
+        ext.insert(p);
+    }
+    err
+}
+
 // ===== outcome annotations =====
 
 /// Whether a failed request may have reached the server.

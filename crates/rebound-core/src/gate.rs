@@ -140,7 +140,10 @@ use tokio::time::{Instant, Sleep};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::annotations::{Deadline, GateWait, PermitLease, Reason, RetryAfterHint, Verdict};
+use crate::annotations::{
+    closed_while_waiting, ClosingWait, Deadline, GateWait, PermitLease, Reason, RetryAfterHint,
+    Verdict,
+};
 use crate::error::{BoxError, Error, ErrorKind, TimeoutStage};
 use crate::redact::effective_port;
 
@@ -550,6 +553,7 @@ where
                             svc: Some(svc),
                             req: Some(req),
                             lease,
+                            closing: ClosingWait::default(),
                         }
                     }
                 },
@@ -607,6 +611,8 @@ pin_project! {
             req: Option<R>,
             // A client-wide permit given back while waiting.
             lease: Option<PermitLease>,
+            // A shutdown ends the wait.
+            closing: ClosingWait,
         },
         Reacquiring {
             wait: Pin<Box<dyn Future<Output = bool> + Send>>,
@@ -656,7 +662,17 @@ where
                     svc,
                     req,
                     lease,
+                    closing,
                 } => {
+                    if closing.poll_closed(cx) {
+                        let r = req.as_ref().expect("polled after completion");
+                        let error = closed_while_waiting(r, "shut down while held at the gate");
+                        self.as_mut()
+                            .project()
+                            .state
+                            .set(State::Failed { error: None });
+                        return Poll::Ready(Err(error));
+                    }
                     ready!(sleep.as_mut().poll(cx));
                     let now = Instant::now();
                     // The pause may have been extended while we slept.

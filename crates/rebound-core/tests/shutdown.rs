@@ -224,3 +224,41 @@ async fn a_dropped_request_counts_as_completed() {
     );
     assert_eq!(handle.open(), 0);
 }
+
+#[cfg(feature = "limit")]
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_request_queued_at_a_limit_ends_at_once() {
+    use rebound_core::ConcurrencyLimitLayer;
+
+    let handle = ShutdownHandle::new();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let svc = ServiceBuilder::new()
+        .layer(ShutdownLayer::new(&handle))
+        .layer(ConcurrencyLimitLayer::new(1))
+        .service(upstream(calls.clone()));
+
+    let holder = tokio::spawn(svc.clone().oneshot(req("/slow/60")));
+    tokio::task::yield_now().await;
+    let queued = tokio::spawn(svc.clone().oneshot(req("/slow/1")));
+    sleep(Duration::from_secs(1)).await;
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "the second one queues");
+
+    let shutdown = tokio::spawn(handle.shutdown(Duration::from_secs(10)));
+    let start = Instant::now();
+    let err = queued.await.unwrap().unwrap_err();
+    assert_eq!(
+        start.elapsed(),
+        Duration::ZERO,
+        "the queue place ends at once"
+    );
+    assert_eq!(err.kind(), ErrorKind::Closed);
+    assert_eq!(err.extensions().get::<Sent>(), Some(&Sent::NotSent));
+    assert!(holder.await.unwrap().unwrap_err().is_closed());
+    assert_eq!(start.elapsed(), Duration::from_secs(10));
+    let report = shutdown.await.unwrap();
+    assert_eq!(
+        (report.in_flight, report.completed, report.cancelled),
+        (2, 1, 1)
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "never sent");
+}

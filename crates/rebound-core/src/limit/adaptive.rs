@@ -139,7 +139,9 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use super::{wait_permit, WaitPermit};
-use crate::annotations::{Deadline, LimiterState, Reason, Verdict};
+use crate::annotations::{
+    closed_while_waiting, ClosingWait, Deadline, LimiterState, Reason, Verdict,
+};
 use crate::error::{BoxError, Error, ErrorKind, TimeoutStage};
 
 /// How many windows of successes it takes to grow back onto the limit at
@@ -668,6 +670,7 @@ where
                 let clone = self.inner.clone();
                 let svc = mem::replace(&mut self.inner, clone);
                 State::Queued {
+                    closing: ClosingWait::default(),
                     wait: wait_permit(
                         self.limiter.semaphore.clone(),
                         Deadline::of(req.extensions()),
@@ -725,6 +728,8 @@ pin_project! {
     {
         Queued {
             wait: WaitPermit,
+            // A shutdown ends the wait.
+            closing: ClosingWait,
             svc: Option<S>,
             req: Option<R>,
             queue: Option<QueueSlot>,
@@ -772,7 +777,17 @@ where
                     svc,
                     req,
                     queue,
+                    closing,
                 } => {
+                    if closing.poll_closed(cx) {
+                        let r = req.as_ref().expect("polled after completion");
+                        let error = closed_while_waiting(
+                            r,
+                            "shut down while queued for an adaptive-limit slot",
+                        );
+                        self.as_mut().project().state.set(State::Done);
+                        return Poll::Ready(Err(error));
+                    }
                     let permit = ready!(wait.as_mut().poll(cx));
                     drop(queue.take());
                     let req = req.take().expect("polled after completion");

@@ -97,7 +97,9 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use super::{wait_permit, WaitPermit};
-use crate::annotations::{Deadline, LimiterState, PermitLease, Reason, Verdict};
+use crate::annotations::{
+    closed_while_waiting, ClosingWait, Deadline, LimiterState, PermitLease, Reason, Verdict,
+};
 use crate::error::{BoxError, Error, ErrorKind, TimeoutStage};
 
 // === impl ConcurrencyLimiter ===
@@ -368,6 +370,7 @@ where
                     let clone = self.inner.clone();
                     let svc = mem::replace(&mut self.inner, clone);
                     State::Queued {
+                        closing: ClosingWait::default(),
                         wait: wait_permit(
                             self.limiter.semaphore.clone(),
                             Deadline::of(req.extensions()),
@@ -444,6 +447,8 @@ pin_project! {
     {
         Queued {
             wait: WaitPermit,
+            // A shutdown ends the wait.
+            closing: ClosingWait,
             svc: Option<S>,
             req: Option<R>,
             slot: Option<QueueSlot>,
@@ -494,7 +499,20 @@ where
                     svc,
                     req,
                     slot,
+                    closing,
                 } => {
+                    if closing.poll_closed(cx) {
+                        let r = req.as_ref().expect("polled after completion");
+                        let error = closed_while_waiting(
+                            r,
+                            "shut down while queued for a concurrency permit",
+                        );
+                        self.as_mut()
+                            .project()
+                            .state
+                            .set(State::Failed { error: None });
+                        return Poll::Ready(Err(error));
+                    }
                     let permit = ready!(wait.as_mut().poll(cx));
                     // Out of the queue either way.
                     let slot_limiter = slot.take().map(|s| s.0.clone());

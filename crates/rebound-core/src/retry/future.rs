@@ -16,7 +16,7 @@ use tower_service::Service;
 
 use super::policy::RetryPolicy;
 use crate::annotations::{
-    Attempt, Attempts, BudgetLeft, Closing, DelaySource, LimiterState, PreviousAttempt,
+    Attempt, Attempts, BudgetLeft, ClosingWait, DelaySource, LimiterState, PreviousAttempt,
     ProposedDelay, Reason, RetryAfterHint, RetryStop, Sent, Verdict,
 };
 use crate::body::RetryBody;
@@ -66,7 +66,7 @@ pin_project! {
             held: Option<Held<ResB>>,
             // A shutdown's "stop waiting" signal, when the task carries one
             // (boxed, off the happy path: only a request that sleeps).
-            closing: Option<Pin<Box<dyn Future<Output = ()> + Send + Sync>>>,
+            closing: ClosingWait,
         },
         // Waiting for the inner service to be ready for the next attempt
         // (once the held retry, if any, has its body).
@@ -470,7 +470,7 @@ where
                                 drain,
                                 until,
                                 held,
-                                closing: Closing::current().map(Closing::closed_owned),
+                                closing: ClosingWait::default(),
                             });
                         }
                     }
@@ -482,10 +482,7 @@ where
                     held,
                     closing,
                 } => {
-                    if closing
-                        .as_mut()
-                        .is_some_and(|c| c.as_mut().poll(cx).is_ready())
-                    {
+                    if closing.poll_closed(cx) {
                         // Shut down: no further attempt. The outcome held
                         // whole is returned as it is; a drained one as a
                         // `Closed` error carrying its verdict.
