@@ -341,10 +341,12 @@ impl Closing {
 /// is entered), then polled with the wait. Allocates only for a request
 /// that waits under a signal.
 #[derive(Default)]
+#[allow(dead_code)] // not every feature has a waiting point
 pub(crate) struct ClosingWait {
     closed: Option<std::pin::Pin<Box<dyn Future<Output = ()> + Send + Sync>>>,
 }
 
+#[allow(dead_code)]
 impl ClosingWait {
     /// Whether the task's signal has closed (registers the waker if not).
     pub(crate) fn poll_closed(&mut self, cx: &mut std::task::Context<'_>) -> bool {
