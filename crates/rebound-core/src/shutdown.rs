@@ -379,7 +379,7 @@ where
 }
 
 pub mod future {
-    //! The response future of [`Shutdown`](super::Shutdown).
+    //! The response future of [`Shutdown`].
 
     use super::*;
     use crate::annotations::ClosingScope;
@@ -387,7 +387,7 @@ pub mod future {
     // === impl ResponseFuture ===
 
     pin_project! {
-        /// The response future of [`Shutdown`](super::Shutdown).
+        /// The response future of [`Shutdown`].
         ///
         /// Dropping it ends the request (it counts as completed).
         #[must_use = "futures do nothing unless polled"]
