@@ -68,10 +68,14 @@
 //! # Cost
 //!
 //! While the stack is open, a request pays one atomic add (the open count,
-//! which also says "closed"), one atomic subtract when it ends, and reference
-//! counts for the handle's state; it allocates nothing and takes no lock
-//! until it first waits on the network, when it enters the cut signal's
-//! wait list (a short critical section).
+//! which also says "closed"), one atomic subtract when it ends, reference
+//! counts (the handle's state, the signals, the method and URI kept to name
+//! a cut request — the URI's first clone allocates, which the retry and
+//! trace layers pay anyway), and a task-local set per poll for the
+//! [`Closing`] scope. It takes no lock until its future first returns
+//! `Pending`: then it enters one of eight wait lists of the cut signal (a
+//! short critical section, spread by the open count), and leaves it when it
+//! ends. Waiting points look the signal up only when they wait.
 //!
 //! # Errors
 //!
@@ -105,6 +109,8 @@ const CLOSED: usize = 1 << (usize::BITS - 1);
 const CUT: usize = 1 << (usize::BITS - 2);
 /// The number of requests open.
 const COUNT: usize = CUT - 1;
+/// How many wait lists the requests in flight spread over.
+const SHARDS: usize = 8;
 
 /// What a shutdown found and did; see the [module docs](self).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -129,6 +135,10 @@ struct Shared {
     closing: Closing,
     /// "Stop now", at the end of the grace period.
     cut: CancellationToken,
+    /// Children of `cut` that requests wait on, spread by the open count
+    /// at their call, so that concurrent requests rarely meet in one wait
+    /// list.
+    shards: Box<[CancellationToken]>,
     /// Woken when the last open request ends after the close.
     idle: Notify,
     /// Requests open at the close.
@@ -180,13 +190,18 @@ impl ShutdownHandle {
     /// A handle for a stack that is open.
     pub fn new() -> Self {
         ShutdownHandle {
-            shared: Arc::new(Shared {
-                state: AtomicUsize::new(0),
-                closing: Closing::new(),
-                cut: CancellationToken::new(),
-                idle: Notify::new(),
-                open_at_close: AtomicUsize::new(0),
-                report: OnceCell::new(),
+            shared: Arc::new({
+                let cut = CancellationToken::new();
+                let shards = (0..SHARDS).map(|_| cut.child_token()).collect();
+                Shared {
+                    state: AtomicUsize::new(0),
+                    closing: Closing::new(),
+                    cut,
+                    shards,
+                    idle: Notify::new(),
+                    open_at_close: AtomicUsize::new(0),
+                    report: OnceCell::new(),
+                }
             }),
         }
     }
@@ -370,7 +385,7 @@ where
         ResponseFuture {
             state: State::Open {
                 fut: shared.closing.clone().scope(self.inner.call(req)),
-                cut: shared.cut.clone().cancelled_owned(),
+                cut: shared.shards[prev % SHARDS].clone().cancelled_owned(),
                 request: Some((method, uri)),
             },
             shared: Some(Arc::clone(shared)),
