@@ -464,8 +464,9 @@ async fn tour() {
         [Action::status(200).body(r#"{"transfer":"done"}"#)],
     );
     let checker = client(builder(&roots));
+    let ops = base.clone();
     let check = tower::service_fn(move |id: OperationId| {
-        let (checker, url) = (checker.clone(), format!("{base}/operations/{id}"));
+        let (checker, url) = (checker.clone(), format!("{ops}/operations/{id}"));
         async move {
             let res = checker.get(url).await?;
             Ok::<_, BoxError>(match res.status().as_u16() {
@@ -526,6 +527,69 @@ async fn tour() {
         "no credential across hosts"
     );
 
+    // ===== shutdown =====
+    // One GET in flight (the server never answers), one sleeping in a
+    // 2 s backoff after a 503; shutdown with 300 ms of grace ends the sleep
+    // at once, cuts the hung one at 300 ms, and refuses what comes after.
+    server.route("/closing/busy", [Action::status(503)]);
+    server.route("/closing/hung", [Action::never_respond()]);
+    let closing = client(
+        builder(&roots).backoff(
+            Backoff::exponential(Duration::from_secs(2), Duration::from_secs(2))
+                .jitter(rebound::Jitter::Proportional(0.0)),
+        ),
+    );
+    t.capture.clear();
+    let start = Instant::now();
+    let hung =
+        tokio::spawn(closing.send(request(Method::GET, &base, "/closing/hung", "tour-11.0")));
+    let busy =
+        tokio::spawn(closing.send(request(Method::GET, &base, "/closing/busy", "tour-11.1")));
+    while server.requests_to("/closing/hung").len() + server.requests_to("/closing/busy").len() < 2
+    {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let report = closing.shutdown(Duration::from_millis(300)).await;
+    for (title, task) in [
+        ("shutdown: a GET in backoff (grace 300 ms)", busy),
+        ("shutdown: a GET in flight (grace 300 ms)", hung),
+    ] {
+        let e = task.await.expect("no panic").expect_err("closed");
+        t.error_texts.push(format!("{e} {e:?}"));
+        t.rows.push(Row {
+            title,
+            attempts: e.attempts(),
+            delays: "-".to_owned(),
+            outcome: e.kind().to_string(),
+            stop: e.retry_stop().map_or("-", |s| s.as_str()).to_owned(),
+            elapsed: start.elapsed(),
+            logs: t.logs.take(),
+        });
+    }
+    let before = server.requests_started();
+    let start = Instant::now();
+    let e = closing
+        .send(request(Method::GET, &base, "/closing/after", "tour-11.2"))
+        .await
+        .expect_err("refused");
+    assert_eq!(server.requests_started(), before, "refused, never sent");
+    t.error_texts.push(format!("{e} {e:?}"));
+    t.rows.push(Row {
+        title: "shutdown: a GET after it (never sent)",
+        attempts: 0,
+        delays: "-".to_owned(),
+        outcome: e.kind().to_string(),
+        stop: "-".to_owned(),
+        elapsed: start.elapsed(),
+        logs: t.logs.take(),
+    });
+    let shutdown_line = format!(
+        "shutdown report: {} open at shutdown, {} completed in the grace period (the one in backoff, with its last outcome), {} cut at its end",
+        report.in_flight, report.completed, report.cancelled
+    );
+    let calls_made = calls_made + 2;
+
     // ===== the table =====
     println!(
         "{:<42} {:>8}  {:<34} {:<34} {:<12} {:>8}",
@@ -576,6 +640,7 @@ async fn tour() {
     let all_logs: String = t.rows.iter().map(|r| r.logs.as_str()).collect::<String>() + &omitted;
     let leaks_in_logs = all_logs.matches(SECRET).count() + t.capture.count(SECRET);
     let leaks_in_errors = t.error_texts.iter().filter(|e| e.contains(SECRET)).count();
+    println!("\n{shutdown_line}");
     println!(
         "\nsummary: {scenarios} scenarios, {calls_made} calls, {attempts} attempts ({retries} retries); \
          {} retries saved by the budget during the outage",

@@ -564,8 +564,15 @@ async fn simultaneous(client: &Client, url: &str, n: usize) -> Vec<u16> {
     for _ in 0..n {
         let (client, url, go) = (client.clone(), url.to_owned(), go.clone());
         all.spawn(async move {
+            // Called before the barrier: every request is counted by the
+            // retry budget (and has its deadline) before any is sent, which
+            // is what "simultaneous" means; the future is polled after.
+            let req = http::Request::get(url)
+                .body(rebound::Body::empty())
+                .unwrap();
+            let call = client.send(req);
             go.wait().await;
-            let res = client.get(url).await.unwrap();
+            let res = call.await.unwrap();
             let status = res.status().as_u16();
             if status == 429 {
                 // Why the retry loop gave up, for the figures.
@@ -646,7 +653,8 @@ async fn the_adaptive_limit_cuts_a_burst_of_429s() {
 /// server that 429s above 20 in flight: at most 1 % of the callers get a
 /// 429; then, with the server healthy, the limit climbs back to its maximum.
 ///
-/// "Simultaneous": every request is released by one barrier. Started one
+/// "Simultaneous": every request is called (so counted by the retry
+/// budget) before one barrier releases them all to be sent. Started one
 /// by one from a spawn loop instead, under CPU contention the first 429s
 /// come back before most requests have been counted by the retry budget,
 /// whose ratio then refuses their retries (measured with the whole load

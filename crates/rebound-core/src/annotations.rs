@@ -14,6 +14,8 @@
 //! * **State for observers** (read by the trace layers and metrics, written
 //!   by the layers that own it): [`BudgetLeft`], [`LimiterState`],
 //!   [`GateWait`], [`CircuitState`].
+//! * **Carried by the task, not the request:** [`Closing`], the shutdown's
+//!   "stop waiting" signal (like [`Deadline::scope`]).
 //!
 //! # Absence is the happy path
 //!
@@ -224,6 +226,161 @@ pub struct PreviousAttempt {
     pub retry_after: Option<Duration>,
     /// The delay the retry layer waited before this attempt, and why.
     pub delay: Option<ProposedDelay>,
+}
+
+// ===== a signal carried by the task =====
+
+/// A future run under a [`Closing`] signal: see [`Closing::scope`].
+pub type ClosingScope<F> = tokio::task::futures::TaskLocalFuture<Closing, F>;
+
+tokio::task_local! {
+    /// The closing signal in force for the task (see [`Closing::scope`]).
+    static CURRENT_CLOSING: Closing;
+}
+
+/// The "stop waiting" signal of a shutdown, carried by the task like
+/// [`Deadline::scope`]: the layer that owns the shutdown (rebound's
+/// `shutdown` module, or a caller's own) runs each request's future in
+/// [`scope`](Self::scope), and every layer that **waits** — the retry loop's
+/// sleep, a gate, a limit's queue — asks [`Closing::current`] only when it
+/// is about to wait, and ends its wait when [`closed`](Self::closed)
+/// resolves: the retry loop with its last real outcome, a queue with
+/// [`ErrorKind::Closed`](crate::ErrorKind::Closed). An attempt in flight is
+/// not cut by it (that is the shutdown's grace period).
+///
+/// Nothing is stamped on the request and nothing is read on the happy path:
+/// a request that never waits never looks.
+///
+/// ```
+/// use rebound_core::annotations::Closing;
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let closing = Closing::new();
+/// let waiter = closing.clone().scope(async {
+///     let signal = Closing::current().expect("in scope");
+///     signal.closed().await; // a wait that ends at shutdown
+///     "woken"
+/// });
+/// closing.close();
+/// assert_eq!(waiter.await, "woken");
+/// assert!(Closing::current().is_none());
+/// # }
+/// ```
+#[derive(Clone, Default)]
+pub struct Closing {
+    inner: std::sync::Arc<ClosingInner>,
+}
+
+#[derive(Default)]
+struct ClosingInner {
+    closed: std::sync::atomic::AtomicBool,
+    notify: tokio::sync::Notify,
+}
+
+impl fmt::Debug for Closing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Closing")
+            .field("closed", &self.is_closed())
+            .finish()
+    }
+}
+
+impl Closing {
+    /// A signal not yet closed.
+    pub fn new() -> Self {
+        Closing::default()
+    }
+
+    /// The task's current signal (set by [`scope`](Self::scope)), if any.
+    /// For waiting points only: it clones a reference count.
+    pub fn current() -> Option<Closing> {
+        CURRENT_CLOSING.try_with(|c| c.clone()).ok()
+    }
+
+    /// Run `fut` with this signal as the task's current one.
+    pub fn scope<F: Future>(self, fut: F) -> ClosingScope<F> {
+        CURRENT_CLOSING.scope(self, fut)
+    }
+
+    /// Close: wake every waiter now and every later one at once.
+    /// Idempotent.
+    pub fn close(&self) {
+        self.inner
+            .closed
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.inner.notify.notify_waiters();
+    }
+
+    /// Whether [`close`](Self::close) was called.
+    pub fn is_closed(&self) -> bool {
+        self.inner.closed.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Resolves once the signal is closed (at once if it already is).
+    pub async fn closed(&self) {
+        let notified = self.inner.notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if self.is_closed() {
+            return;
+        }
+        notified.await;
+    }
+
+    /// [`closed`](Self::closed) as an owned, boxed future, for a waiting
+    /// point that keeps it in a state machine (it allocates: off the happy
+    /// path only).
+    pub fn closed_owned(self) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + Sync>> {
+        Box::pin(async move { self.closed().await })
+    }
+}
+
+/// A waiting point's view of the task's [`Closing`] signal: looked up on
+/// the first poll of the wait (a wait begun in `call` runs before the scope
+/// is entered), then polled with the wait. Allocates only for a request
+/// that waits under a signal.
+#[derive(Default)]
+#[allow(dead_code)] // not every feature has a waiting point
+pub(crate) struct ClosingWait {
+    closed: Option<std::pin::Pin<Box<dyn Future<Output = ()> + Send + Sync>>>,
+}
+
+#[allow(dead_code)]
+impl ClosingWait {
+    /// Whether the task's signal has closed (registers the waker if not).
+    pub(crate) fn poll_closed(&mut self, cx: &mut std::task::Context<'_>) -> bool {
+        if self.closed.is_none() {
+            self.closed = Closing::current().map(Closing::closed_owned);
+        }
+        self.closed
+            .as_mut()
+            .is_some_and(|c| c.as_mut().poll(cx).is_ready())
+    }
+}
+
+/// The error of a request whose wait (a gate, a limit's queue) a shutdown
+/// ended: [`ErrorKind::Closed`](crate::ErrorKind::Closed), not sent, fatal,
+/// carrying the previous attempt's [`PreviousAttempt`] when there was one
+/// (its outcome is the last real one).
+#[allow(dead_code)] // not every feature has a waiting point
+pub(crate) fn closed_while_waiting<B>(
+    req: &http::Request<B>,
+    detail: &'static str,
+) -> crate::Error {
+    let mut err = crate::Error::new(crate::ErrorKind::Closed)
+        .with_detail(detail)
+        .with_request(req.method(), req.uri());
+    let previous = req.extensions().get::<PreviousAttempt>().cloned();
+    let ext = err.extensions_mut();
+    ext.insert(Sent::NotSent);
+    ext.insert(Verdict::Fatal {
+        reason: Reason::new_static("closed"),
+    });
+    if let Some(p) = previous {
+        ext.insert(p);
+    }
+    err
 }
 
 // ===== outcome annotations =====
@@ -481,11 +638,14 @@ pub enum RetryStop {
     /// The outcome is a hedged group's ([`Hedged`]): a request is hedged
     /// or retried, not both (gRFC A6).
     Hedged,
+    /// A shutdown ended the wait before the next attempt (see
+    /// [`Closing`]).
+    Closed,
 }
 
 impl RetryStop {
     /// A short label: `"fatal"`, `"not_eligible"`, `"not_replayable"`,
-    /// `"attempts"`, `"budget"`, `"deadline"` or `"hedged"`.
+    /// `"attempts"`, `"budget"`, `"deadline"`, `"hedged"` or `"closed"`.
     pub fn as_str(&self) -> &'static str {
         match self {
             RetryStop::Fatal => "fatal",
@@ -495,6 +655,7 @@ impl RetryStop {
             RetryStop::Budget => "budget",
             RetryStop::Deadline => "deadline",
             RetryStop::Hedged => "hedged",
+            RetryStop::Closed => "closed",
         }
     }
 }

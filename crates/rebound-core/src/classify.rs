@@ -44,7 +44,7 @@
 //! | other timeouts, `Body` errors | `Retryable { sent: MaybeProcessed }` |
 //! | `Transport` errors whose `source()` chain holds an [`std::io::Error`] | connection refused: `NotSent`; reset, aborted, broken pipe, unexpected EOF, timed out: `MaybeProcessed` |
 //! | `Rejected` by tower's `LoadShed` below the classifier | `Retryable { sent: NotSent }` |
-//! | anything else (`Cancelled`, `Rejected`, `Throttled`, `CircuitOpen`, `Decode`, ...) | `Fatal` |
+//! | anything else (`Cancelled`, `Closed`, `Rejected`, `Throttled`, `CircuitOpen`, `Decode`, ...) | `Fatal` |
 //!
 //! Errors of other crates are recognised when they are converted
 //! ([`Error::from_boxed`], see [`crate::foreign`]): over a bare hyper-util
@@ -305,6 +305,7 @@ fn classify_error(err: &Error) -> Verdict {
             (None, None) => return fatal("transport error"),
         },
         ErrorKind::Cancelled => return fatal("cancelled"),
+        ErrorKind::Closed => return fatal("closed"),
         // tower's `LoadShed` below the classifier refused the attempt before
         // it left: retry it after a backoff. rebound's own limits reject
         // above the retry loop (or when their queue is full), which is final.
@@ -580,6 +581,7 @@ mod tests {
         }
         let fatal = [
             K::Cancelled,
+            K::Closed,
             K::Rejected,
             K::Throttled,
             K::Decode,

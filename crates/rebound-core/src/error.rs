@@ -107,6 +107,10 @@ pub enum ErrorKind {
     Status,
     /// The caller cancelled the request.
     Cancelled,
+    /// The client (or stack) is shut down: a new request is failed at once,
+    /// **not sent**; one cut at the end of the shutdown's grace period may
+    /// have been (see `rebound_core::shutdown`).
+    Closed,
     /// A concurrency limiter refused the request (its queue was full).
     Rejected,
     /// A Retry-After gate refused the request: the server asked for a pause.
@@ -143,6 +147,7 @@ impl ErrorKind {
             ErrorKind::Decode => "decode",
             ErrorKind::Status => "status",
             ErrorKind::Cancelled => "cancelled",
+            ErrorKind::Closed => "closed",
             ErrorKind::Rejected => "rejected",
             ErrorKind::Throttled => "throttled",
             ErrorKind::CircuitOpen => "circuit_open",
@@ -166,6 +171,7 @@ impl fmt::Display for ErrorKind {
             ErrorKind::Decode => f.write_str("decode error"),
             ErrorKind::Status => f.write_str("unexpected status"),
             ErrorKind::Cancelled => f.write_str("cancelled"),
+            ErrorKind::Closed => f.write_str("closed: the client is shut down"),
             ErrorKind::Rejected => f.write_str("rejected by the concurrency limiter"),
             ErrorKind::Throttled => f.write_str("throttled: the server asked for a pause"),
             ErrorKind::CircuitOpen => f.write_str("circuit open"),
@@ -343,6 +349,11 @@ impl Error {
     /// Whether the caller cancelled the request.
     pub fn is_cancelled(&self) -> bool {
         self.inner.kind == ErrorKind::Cancelled
+    }
+
+    /// Whether the client (or stack) was shut down under the request.
+    pub fn is_closed(&self) -> bool {
+        self.inner.kind == ErrorKind::Closed
     }
 
     /// Whether a concurrency limiter refused the request.

@@ -640,6 +640,10 @@ impl Wait for Held {
             Held::Reacquiring { .. } => "reacquiring",
         }
     }
+
+    fn closed_detail(&self) -> &'static str {
+        "shut down while held at the gate"
+    }
 }
 
 pin_project! {

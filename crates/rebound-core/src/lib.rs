@@ -113,6 +113,9 @@ pub mod gate;
 #[cfg(feature = "limit")]
 #[cfg_attr(docsrs, doc(cfg(feature = "limit")))]
 pub mod limit;
+#[cfg(feature = "shutdown")]
+#[cfg_attr(docsrs, doc(cfg(feature = "shutdown")))]
+pub mod shutdown;
 #[cfg(any(feature = "limit", feature = "retry-after"))]
 mod wait;
 
@@ -132,9 +135,9 @@ pub mod trace;
 // as tower's are.
 
 pub use crate::annotations::{
-    Attempt, Attempts, BudgetLeft, CertificateRejected, CircuitState, Deadline, DelaySource,
-    GateWait, Hedged, IdempotencyKey, Idempotent, LimiterState, PermitLease, PreviousAttempt,
-    ProposedDelay, Reason, RetryAfterHint, RetryStop, Sent, Verdict,
+    Attempt, Attempts, BudgetLeft, CertificateRejected, CircuitState, Closing, Deadline,
+    DelaySource, GateWait, Hedged, IdempotencyKey, Idempotent, LimiterState, PermitLease,
+    PreviousAttempt, ProposedDelay, Reason, RetryAfterHint, RetryStop, Sent, Verdict,
 };
 pub use crate::body::{ReplayableBody, RetryBody};
 pub use crate::error::{BoxError, Error, ErrorKind, TimeoutStage};
@@ -173,5 +176,7 @@ pub use crate::reconcile::ReconcileLayer;
 pub use crate::retry::{RetryBudget, RetryLayer, RetryPolicy};
 #[cfg(feature = "retry-after")]
 pub use crate::retry_after::{OverCap, RetryAfterLayer};
+#[cfg(feature = "shutdown")]
+pub use crate::shutdown::{ShutdownHandle, ShutdownLayer, ShutdownReport};
 #[cfg(feature = "trace")]
 pub use crate::trace::{AttemptTraceLayer, TraceLayer};

@@ -22,6 +22,7 @@ use http::Request;
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
+use crate::annotations::{closed_while_waiting, ClosingWait};
 use crate::error::{BoxError, Error};
 
 /// Something a request waits for before it is called.
@@ -51,6 +52,12 @@ pub(crate) trait Wait: Unpin {
     fn name(&self) -> &'static str {
         "waiting"
     }
+
+    /// The detail of the `Closed` error when a shutdown ends the wait
+    /// (see [`Closing`](crate::annotations::Closing)).
+    fn closed_detail(&self) -> &'static str {
+        "shut down while waiting"
+    }
 }
 
 pin_project! {
@@ -66,6 +73,9 @@ pin_project! {
             wait: W,
             svc: Option<S>,
             req: Option<R>,
+            // A shutdown ends the wait (looked up on the first poll: the
+            // task's signal is in scope only once the future is polled).
+            closing: ClosingWait,
         },
         Called {
             #[pin]
@@ -99,6 +109,7 @@ where
             wait,
             svc: Some(svc),
             req: Some(req),
+            closing: ClosingWait::default(),
         }
     }
 
@@ -136,8 +147,18 @@ where
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         loop {
             match self.as_mut().project() {
-                WaitThenCallProj::Waiting { wait, svc, req } => {
+                WaitThenCallProj::Waiting {
+                    wait,
+                    svc,
+                    req,
+                    closing,
+                } => {
                     let r = req.as_mut().expect("polled after completion");
+                    if closing.poll_closed(cx) {
+                        let error = closed_while_waiting(r, wait.closed_detail());
+                        self.set(WaitThenCall::Failed { error: None });
+                        return Poll::Ready(Err(error));
+                    }
                     let waited = ready!(wait.poll_wait(cx, r));
                     let mut held = match waited {
                         Ok(held) => held,

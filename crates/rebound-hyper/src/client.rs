@@ -137,6 +137,7 @@ use rebound_core::limit::{
 use rebound_core::redact::PathRedaction;
 use rebound_core::retry::{RetryBudget, RetryLayer, RetryPolicy};
 use rebound_core::retry_after::{OverCap, RetryAfterLayer};
+use rebound_core::shutdown::{ShutdownHandle, ShutdownLayer, ShutdownReport};
 use rebound_core::trace::{TraceBody, TraceLayer};
 use rebound_core::{Error, ErrorKind, Sent};
 use rustls::ClientConfig;
@@ -941,9 +942,20 @@ impl ClientBuilder {
                 adaptive.layer(retry_after.layer(classify.layer(attempt.layer(transport.clone())))),
             ))),
         )));
-        let stack = trace.layer(CancelLayer::new().layer(deadline.layer(hold.layer(
-            concurrency.layer(idempotency.layer(mark.layer(retry.layer(hedge.layer(attempts))))),
-        ))));
+        // Shutdown right under the request span (which then records a
+        // refused or cut request), above everything that waits.
+        let shutdown = ShutdownHandle::new();
+        let closes = ShutdownLayer::new(&shutdown);
+        let stack =
+            trace.layer(closes.layer(CancelLayer::new().layer(
+                deadline.layer(
+                    hold.layer(
+                        concurrency.layer(
+                            idempotency.layer(mark.layer(retry.layer(hedge.layer(attempts)))),
+                        ),
+                    ),
+                ),
+            )));
 
         // The JSON helpers' stack: the very same layer values (their state is
         // behind `Arc`s, so both stacks share the pool, budget, limiters and
@@ -958,16 +970,17 @@ impl ClientBuilder {
                 breaker.layer(adaptive.layer(retry_after.layer(classify.layer(collected)))),
             ))),
         ));
-        let collecting = trace.layer(CancelLayer::new().layer(deadline.layer(hold.layer(
-            concurrency.layer(
+        let collecting = trace.layer(closes.layer(CancelLayer::new().layer(deadline.layer(
+            hold.layer(concurrency.layer(
                 idempotency.layer(mark.layer(retry.layer(hedge.layer(collecting_attempts)))),
-            ),
+            )),
         ))));
         Ok(Client {
             inner: Stack::new(stack),
             collecting: CollectingStack::new(collecting),
             replay_cap: self.replay_cap,
             path: trace.path_redaction().clone(),
+            shutdown,
         })
     }
 }
@@ -1007,6 +1020,8 @@ pub struct Client {
     /// For errors made outside the stack (the JSON helpers'), shown like
     /// those from inside it.
     pub(crate) path: PathRedaction,
+    /// Shuts down both stacks (see [`Client::shutdown`]).
+    shutdown: ShutdownHandle,
 }
 
 impl fmt::Debug for Client {
@@ -1037,6 +1052,29 @@ impl Client {
         // A shared stack is always ready, and each call drives its own copy
         // of the stack (readiness first), so no clone of `inner` is needed.
         (self.inner.call)(self.arm(req))
+    }
+
+    /// Shut down gracefully: from now on every request (from any clone)
+    /// fails at once with [`ErrorKind::Closed`], never sent; requests
+    /// sleeping in backoff end at once with their last outcome; requests in
+    /// flight get until `grace` has passed, then are cut (their connections
+    /// closed, [`ErrorKind::Closed`]). Resolves with what happened.
+    ///
+    /// Calling it again, or from several clones at once, is harmless: each
+    /// call resolves with the first one's report. A zero grace cuts at once.
+    /// No new connection is made after it; the idle ones in the pool are
+    /// closed when the last clone of the client is dropped. See
+    /// `rebound_core::shutdown` for the same on a stack of your own.
+    pub fn shutdown(
+        &self,
+        grace: Duration,
+    ) -> impl Future<Output = ShutdownReport> + Send + 'static {
+        self.shutdown.shutdown(grace)
+    }
+
+    /// Whether [`shutdown`](Self::shutdown) was called.
+    pub fn is_closed(&self) -> bool {
+        self.shutdown.is_closed()
     }
 
     /// The request with its body armed for replay (a no-op for bodies in

@@ -9,6 +9,7 @@
 //! | a `tonic::Status` in its source chain (from the channel) | that status's code |
 //! | `Timeout(Deadline)`, and the per-attempt `Timeout(Headers)` / body timeouts | `DeadlineExceeded` |
 //! | `Cancelled` | `Cancelled` |
+//! | `Closed` | `Unavailable` |
 //! | `Connect`, `Tls`, `Timeout(Connect)` / `Timeout(Tls)`, `Transport`, `Body`, or marked [`Sent::NotSent`](crate::Sent) | `Unavailable` |
 //! | `Rejected` (a limit), `Throttled` (a Retry-After gate), `BodyTooLarge` | `ResourceExhausted` |
 //! | anything else | `Internal` |
@@ -53,6 +54,7 @@ pub fn code_of(err: &Error) -> tonic::Code {
         ErrorKind::Timeout(TimeoutStage::Connect | TimeoutStage::Tls) => C::Unavailable,
         ErrorKind::Timeout(_) => C::DeadlineExceeded,
         ErrorKind::Cancelled => C::Cancelled,
+        ErrorKind::Closed => C::Unavailable,
         ErrorKind::Connect | ErrorKind::Tls | ErrorKind::Transport | ErrorKind::Body => {
             C::Unavailable
         }

@@ -731,6 +731,10 @@ impl Wait for Queued {
         "queued"
     }
 
+    fn closed_detail(&self) -> &'static str {
+        "shut down while queued for an adaptive-limit slot"
+    }
+
     fn poll_wait<B>(
         &mut self,
         cx: &mut Context<'_>,

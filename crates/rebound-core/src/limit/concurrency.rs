@@ -511,6 +511,10 @@ impl Wait for Queued {
         "queued"
     }
 
+    fn closed_detail(&self) -> &'static str {
+        "shut down while queued for a concurrency permit"
+    }
+
     fn poll_wait<B>(
         &mut self,
         cx: &mut Context<'_>,

@@ -16,7 +16,7 @@ use tower_service::Service;
 
 use super::policy::RetryPolicy;
 use crate::annotations::{
-    Attempt, Attempts, BudgetLeft, DelaySource, Hedged, LimiterState, PreviousAttempt,
+    Attempt, Attempts, BudgetLeft, ClosingWait, DelaySource, Hedged, LimiterState, PreviousAttempt,
     ProposedDelay, Reason, RetryAfterHint, RetryStop, Sent, Verdict,
 };
 use crate::body::RetryBody;
@@ -64,6 +64,9 @@ pin_project! {
             drain: Option<Drain<ResB>>,
             until: Instant,
             held: Option<Held<ResB>>,
+            // A shutdown's "stop waiting" signal, when the task carries one
+            // (boxed, off the happy path: only a request that sleeps).
+            closing: ClosingWait,
         },
         // Waiting for the inner service to be ready for the next attempt
         // (once the held retry, if any, has its body).
@@ -168,6 +171,26 @@ where
             (None, Some((m, u))) => Some((m, u)),
             (None, None) => None,
         }
+    }
+
+    /// The outcome of a request whose sleep a shutdown ended: its last
+    /// attempt's response was drained, so a `Closed` error (fatal) that
+    /// carries that attempt's verdict as [`PreviousAttempt`].
+    fn closed_error(&mut self) -> Error {
+        let mut err = Error::new(crate::error::ErrorKind::Closed)
+            .with_detail("shut down while waiting to retry");
+        let previous = self
+            .next
+            .as_ref()
+            .and_then(|r| r.extensions().get::<PreviousAttempt>().cloned());
+        let ext = err.extensions_mut();
+        ext.insert(Verdict::Fatal {
+            reason: Reason::new_static("closed"),
+        });
+        if let Some(p) = previous {
+            ext.insert(p);
+        }
+        err
     }
 
     /// Annotate and hand back the last real outcome.
@@ -452,6 +475,7 @@ where
                                 drain,
                                 until,
                                 held,
+                                closing: ClosingWait::default(),
                             });
                         }
                     }
@@ -461,7 +485,23 @@ where
                     drain,
                     until,
                     held,
+                    closing,
                 } => {
+                    if closing.poll_closed(cx) {
+                        // Shut down: no further attempt. The outcome held
+                        // whole is returned as it is; a drained one as a
+                        // `Closed` error carrying its verdict.
+                        let out = match held.take() {
+                            Some(h) => h.outcome,
+                            None => {
+                                // The next attempt was planned, not made.
+                                this.replay.attempt -= 1;
+                                Err(this.replay.closed_error())
+                            }
+                        };
+                        this.state.set(State::Done);
+                        return Poll::Ready(this.replay.finish(out, Some(RetryStop::Closed)));
+                    }
                     if let Some(d) = drain {
                         if d.poll_done(cx) {
                             *drain = None;

@@ -96,6 +96,7 @@ impl<'a> Outcome<'a> {
             return match err.kind() {
                 ErrorKind::Timeout(TimeoutStage::Deadline) => "deadline",
                 ErrorKind::Cancelled => "cancelled",
+                ErrorKind::Closed => "closed",
                 _ => match self.verdict() {
                     Some(Verdict::Retryable { .. }) => "not_retried",
                     Some(Verdict::Fatal { .. }) => "fatal",

@@ -1,0 +1,207 @@
+//! `Client::shutdown` over real sockets: with 10 requests in flight (5
+//! answered within 500 ms, 5 that would take 3 s) and 5 sleeping in backoff
+//! after a 503, a 1 s grace period ends the backoff ones at once, lets the
+//! quick ones succeed, and cuts the slow ones at about 1 s; a request made
+//! afterwards never reaches the server, a second call returns the same
+//! report, and no task is left behind.
+//!
+//! Bounds are generous (loopback on a shared CI machine): "at once" is
+//! under 500 ms, "about 1 s" is between 0.9 s and 2 s.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rebound::{
+    Backoff, Client, ErrorKind, Jitter, PreviousAttempt, RetryBudget, RetryStop, Sent,
+    ShutdownReport,
+};
+use rebound_test::fault::{Action, FaultServer};
+use tokio::time::{sleep, Instant};
+
+fn alive_tasks() -> usize {
+    tokio::runtime::Handle::current()
+        .metrics()
+        .num_alive_tasks()
+}
+
+/// The alive-task count once it is back to `baseline`, or whatever it is
+/// after `within`.
+async fn settled_tasks(baseline: usize, within: Duration) -> usize {
+    let end = Instant::now() + within;
+    while alive_tasks() != baseline && Instant::now() < end {
+        sleep(Duration::from_millis(10)).await;
+    }
+    alive_tasks()
+}
+
+/// Polls `check` every 5 ms for at most 10 s.
+async fn until(what: &str, mut check: impl FnMut() -> bool) {
+    let end = Instant::now() + Duration::from_secs(10);
+    while !check() {
+        assert!(Instant::now() < end, "never reached: {what}");
+        sleep(Duration::from_millis(5)).await;
+    }
+}
+
+fn client() -> Client {
+    Client::builder()
+        .total_timeout(Duration::from_secs(120))
+        .attempt_timeout(Duration::from_secs(30))
+        .max_attempts(3)
+        // A long backoff: only the shutdown can end it in this test.
+        .backoff(
+            Backoff::exponential(Duration::from_secs(60), Duration::from_secs(60))
+                .jitter(Jitter::Proportional(0.0)),
+        )
+        // Every retry allowed: the 503s must go to sleep, not stop.
+        .retry_budget(Arc::new(RetryBudget::new(
+            1.0,
+            Duration::from_secs(10),
+            100,
+        )))
+        // Five 503s must not open a circuit for the quick requests.
+        .circuit_breaker(None)
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_ends_waits_lets_quick_requests_finish_and_cuts_the_rest() {
+    let server = FaultServer::builder()
+        .route("/busy", (0..5).map(|_| Action::status(503)))
+        .route(
+            "/quick",
+            (0..5).map(|_| Action::status(200).delay(Duration::from_millis(300))),
+        )
+        .route(
+            "/slow",
+            (0..5).map(|_| Action::status(200).delay(Duration::from_secs(3))),
+        )
+        .start()
+        .await;
+    let servers_only = alive_tasks();
+    let client = client();
+
+    // Five in backoff: each got its 503 and sleeps (60 s).
+    let busy: Vec<_> = (0..5)
+        .map(|_| tokio::spawn(client.get(server.url("/busy"))))
+        .collect();
+    until("five 503s served", || {
+        server.requests_to("/busy").len() == 5
+    })
+    .await;
+    sleep(Duration::from_millis(50)).await;
+    assert!(busy.iter().all(|t| !t.is_finished()), "all in backoff");
+
+    // Ten in flight: five answered within 500 ms, five that take 3 s.
+    let quick: Vec<_> = (0..5)
+        .map(|_| tokio::spawn(client.get(server.url("/quick"))))
+        .collect();
+    let slow: Vec<_> = (0..5)
+        .map(|_| tokio::spawn(client.get(server.url("/slow"))))
+        .collect();
+    until("ten requests at the server", || server.in_flight() == 10).await;
+
+    let start = Instant::now();
+    let shutdown = tokio::spawn(client.shutdown(Duration::from_secs(1)));
+
+    for t in busy {
+        let err = t.await.unwrap().unwrap_err();
+        let took = start.elapsed();
+        assert!(
+            took < Duration::from_millis(500),
+            "backoff ended at once: {took:?}"
+        );
+        assert_eq!(err.kind(), ErrorKind::Closed, "{err}");
+        assert_eq!(err.retry_stop(), Some(RetryStop::Closed));
+        let previous = err
+            .extensions()
+            .get::<PreviousAttempt>()
+            .expect("last outcome");
+        assert!(previous.verdict.is_retryable(), "{:?}", previous.verdict);
+    }
+    for t in quick {
+        let res = t.await.unwrap().expect("answered within the grace period");
+        assert_eq!(res.status(), 200);
+        assert!(start.elapsed() < Duration::from_millis(900));
+    }
+    for t in slow {
+        let err = t.await.unwrap().unwrap_err();
+        let took = start.elapsed();
+        assert!(
+            took >= Duration::from_millis(900) && took < Duration::from_secs(2),
+            "cut at about 1 s: {took:?}"
+        );
+        assert_eq!(err.kind(), ErrorKind::Closed, "{err}");
+        assert_eq!(err.extensions().get::<Sent>(), Some(&Sent::MaybeProcessed));
+    }
+    let report = shutdown.await.unwrap();
+    println!("shutdown report: {report:?} after {:?}", start.elapsed());
+    assert_eq!(
+        report,
+        client.shutdown(Duration::from_secs(1)).await,
+        "same report"
+    );
+    let ShutdownReport {
+        in_flight,
+        completed,
+        cancelled,
+        ..
+    } = report;
+    assert_eq!((in_flight, completed, cancelled), (15, 10, 5));
+
+    // Closed for good: never reaches the server.
+    let seen = server.requests_started();
+    let err = client.get(server.url("/quick")).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Closed);
+    assert_eq!(err.extensions().get::<Sent>(), Some(&Sent::NotSent));
+    let clone = client.clone();
+    assert!(clone.is_closed());
+    assert!(clone
+        .get(server.url("/quick"))
+        .await
+        .unwrap_err()
+        .is_closed());
+    sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        server.requests_started(),
+        seen,
+        "nothing sent after shutdown"
+    );
+
+    // No task left: the server's side of the cut requests ends when its
+    // 3 s delay does; the pool's idle connections with the last clone.
+    drop((client, clone));
+    assert_eq!(
+        settled_tasks(servers_only, Duration::from_secs(5)).await,
+        servers_only
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_shutdowns_from_clones_agree_and_zero_grace_cuts_at_once() {
+    let server = FaultServer::builder()
+        .default(Action::status(200).delay(Duration::from_secs(3)))
+        .start()
+        .await;
+    let client = client();
+    let reqs: Vec<_> = (0..3)
+        .map(|_| tokio::spawn(client.get(server.url("/slow"))))
+        .collect();
+    until("three requests at the server", || server.in_flight() == 3).await;
+
+    let start = Instant::now();
+    let a = tokio::spawn(client.clone().shutdown(Duration::ZERO));
+    let b = tokio::spawn(client.clone().shutdown(Duration::from_secs(30)));
+    let (a, b) = (a.await.unwrap(), b.await.unwrap());
+    assert_eq!(a, b);
+    assert_eq!((a.in_flight, a.completed, a.cancelled), (3, 0, 3));
+    for t in reqs {
+        assert!(t.await.unwrap().unwrap_err().is_closed());
+    }
+    assert!(
+        start.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        start.elapsed()
+    );
+}
