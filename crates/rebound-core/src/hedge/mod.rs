@@ -174,22 +174,7 @@ const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 /// The most copies [`HedgePolicy::max_attempts`] accepts (gRFC A6's cap).
 pub const MAX_HEDGED_ATTEMPTS: u32 = 5;
 
-/// The standard methods, in a fixed order, for the eligibility bit set.
-const METHODS: [Method; 9] = [
-    Method::GET,
-    Method::HEAD,
-    Method::OPTIONS,
-    Method::TRACE,
-    Method::PUT,
-    Method::DELETE,
-    Method::POST,
-    Method::PATCH,
-    Method::CONNECT,
-];
-
-fn method_bit(m: &Method) -> Option<u16> {
-    METHODS.iter().position(|x| x == m).map(|i| 1 << i)
-}
+use crate::retry::{method_bit, METHODS};
 
 /// When a hedge is sent.
 #[derive(Debug, Clone, Copy, PartialEq)]

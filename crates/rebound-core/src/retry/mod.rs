@@ -139,6 +139,8 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 pub use self::budget::RetryBudget;
+#[cfg(feature = "hedge")]
+pub(crate) use self::policy::{method_bit, METHODS};
 pub use self::policy::{RetryPolicy, MAX_ATTEMPTS};
 
 use crate::annotations::{Deadline, IdempotencyKey, Idempotent};

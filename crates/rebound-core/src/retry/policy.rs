@@ -12,7 +12,7 @@ use crate::error::Error;
 pub const MAX_ATTEMPTS: u32 = 100;
 
 /// The standard methods, in a fixed order, for the eligibility bit set.
-const METHODS: [Method; 9] = [
+pub(crate) const METHODS: [Method; 9] = [
     Method::GET,
     Method::HEAD,
     Method::OPTIONS,
@@ -24,7 +24,9 @@ const METHODS: [Method; 9] = [
     Method::CONNECT,
 ];
 
-fn method_bit(m: &Method) -> Option<u16> {
+/// The bit of `m` in a method set, for standard methods (shared with the
+/// hedge layer's eligibility set).
+pub(crate) fn method_bit(m: &Method) -> Option<u16> {
     METHODS.iter().position(|x| x == m).map(|i| 1 << i)
 }
 
