@@ -61,9 +61,20 @@
 //! harmless: every call returns the first one's report (a later caller waits
 //! for it). A zero grace cuts at once.
 //!
-//! Put the layer at the top of the stack, above everything that waits. The
-//! grace period bounds the response **head**: once the response is returned,
-//! its body is the caller's to read or drop.
+//! Put the layer at the top of the stack, above everything that waits.
+//!
+//! # Bodies and connections
+//!
+//! The layer itself sees a request until its response **head** is
+//! returned. A transport that streams bodies makes them count too: it
+//! takes an [`OpenBody`] guard ([`ShutdownHandle::open_body`]) for each
+//! response and drops it when the body ends, so the grace period waits for
+//! bodies still being read as for requests, and closes its connections on
+//! [`ShutdownHandle::cut_token`], which is cancelled when the shutdown ends
+//! (grace over, or nothing left open). rebound's ready-made client does
+//! both: after `shutdown(grace)` returns, every pooled connection is
+//! closed, and a body still being read then ends with
+//! [`ErrorKind::Closed`] (counted in [`ShutdownReport::bodies_cut`]).
 //!
 //! # Cost
 //!
@@ -126,6 +137,11 @@ pub struct ShutdownReport {
     /// Of those, the ones still open when the grace period ended, cut with
     /// [`ErrorKind::Closed`].
     pub cancelled: usize,
+    /// Response bodies still being read (or drained) when the shutdown
+    /// ended, cut with it — counted only for bodies tracked with
+    /// [`ShutdownHandle::open_body`] (the ready-made client tracks every
+    /// body it returns).
+    pub bodies_cut: usize,
 }
 
 struct Shared {
@@ -143,17 +159,37 @@ struct Shared {
     idle: Notify,
     /// Requests open at the close.
     open_at_close: AtomicUsize,
+    /// Response bodies open ([`OpenBody`] guards alive).
+    bodies: AtomicUsize,
     report: OnceCell<ShutdownReport>,
 }
 
 impl Shared {
     /// One request ended; `true` if it was counted as cut.
     fn end(&self) -> bool {
-        let prev = self.state.fetch_sub(1, Ordering::AcqRel);
+        let prev = self.state.fetch_sub(1, Ordering::SeqCst);
+        // The waiter checks both counts: waking it with a body still open
+        // only sends it back to sleep.
         if prev & CLOSED != 0 && prev & COUNT == 1 {
             self.idle.notify_waiters();
         }
         prev & CUT != 0
+    }
+
+    /// One tracked body ended.
+    fn end_body(&self) {
+        let prev = self.bodies.fetch_sub(1, Ordering::SeqCst);
+        if prev == 1 {
+            let state = self.state.load(Ordering::SeqCst);
+            if state & CLOSED != 0 && state & COUNT == 0 {
+                self.idle.notify_waiters();
+            }
+        }
+    }
+
+    /// Neither a request nor a tracked body is open.
+    fn is_idle(&self) -> bool {
+        self.state.load(Ordering::SeqCst) & COUNT == 0 && self.bodies.load(Ordering::SeqCst) == 0
     }
 }
 
@@ -200,6 +236,7 @@ impl ShutdownHandle {
                     shards,
                     idle: Notify::new(),
                     open_at_close: AtomicUsize::new(0),
+                    bodies: AtomicUsize::new(0),
                     report: OnceCell::new(),
                 }
             }),
@@ -219,6 +256,39 @@ impl ShutdownHandle {
     /// Requests open right now.
     pub fn open(&self) -> usize {
         self.shared.state.load(Ordering::Acquire) & COUNT
+    }
+
+    /// Whether the shutdown ended: its grace period is over (or every
+    /// request and tracked body ended before), and whatever was still open
+    /// was cut.
+    pub fn is_cut(&self) -> bool {
+        self.shared.state.load(Ordering::Acquire) & CUT != 0
+    }
+
+    /// A token cancelled when the shutdown ends (see
+    /// [`is_cut`](Self::is_cut)): what a stack holds beyond its requests —
+    /// pooled connections, background work — can close on it. It is a
+    /// child of the handle's own signal: cancelling it cancels nothing
+    /// else.
+    pub fn cut_token(&self) -> CancellationToken {
+        self.shared.cut.child_token()
+    }
+
+    /// Counts a response body as in flight until the returned guard is
+    /// dropped: a shutdown's grace period then waits for it as for a
+    /// request, and the shutdown's end cuts it (the guard's owner must end
+    /// the body then, e.g. by closing its connection — see
+    /// [`cut_token`](Self::cut_token); the report counts it in
+    /// [`ShutdownReport::bodies_cut`]).
+    ///
+    /// A transport calls this when it returns a response whose body it
+    /// streams, and drops the guard when the body ends or is dropped. Cost:
+    /// a reference count and two atomic adds on the handle's state.
+    pub fn open_body(&self) -> OpenBody {
+        self.shared.bodies.fetch_add(1, Ordering::SeqCst);
+        OpenBody {
+            shared: Arc::clone(&self.shared),
+        }
     }
 
     /// Shut down: refuse new requests, end the waits at once, give requests
@@ -247,14 +317,15 @@ impl ShutdownHandle {
                             let notified = shared.idle.notified();
                             tokio::pin!(notified);
                             notified.as_mut().enable();
-                            if shared.state.load(Ordering::Acquire) & COUNT == 0 {
+                            if shared.is_idle() {
                                 return;
                             }
                             notified.await;
                         }
                     };
                     let _ = tokio::time::timeout(grace, idle).await;
-                    let prev = shared.state.fetch_or(CUT, Ordering::AcqRel);
+                    let prev = shared.state.fetch_or(CUT, Ordering::SeqCst);
+                    let bodies_cut = shared.bodies.load(Ordering::SeqCst);
                     shared.cut.cancel();
                     let in_flight = shared.open_at_close.load(Ordering::Acquire);
                     let cancelled = (prev & COUNT).min(in_flight);
@@ -262,12 +333,40 @@ impl ShutdownHandle {
                         in_flight,
                         completed: in_flight - cancelled,
                         cancelled,
+                        bodies_cut,
                     };
                     tracing::debug!(?report, "shutdown: done");
                     report
                 })
                 .await
         }
+    }
+}
+
+/// A response body counted by its [`ShutdownHandle`] until this guard is
+/// dropped; see [`ShutdownHandle::open_body`].
+pub struct OpenBody {
+    shared: Arc<Shared>,
+}
+
+impl OpenBody {
+    /// Whether the shutdown ended and cut this body.
+    pub fn is_cut(&self) -> bool {
+        self.shared.state.load(Ordering::Acquire) & CUT != 0
+    }
+}
+
+impl Drop for OpenBody {
+    fn drop(&mut self) {
+        self.shared.end_body();
+    }
+}
+
+impl fmt::Debug for OpenBody {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OpenBody")
+            .field("cut", &self.is_cut())
+            .finish()
     }
 }
 

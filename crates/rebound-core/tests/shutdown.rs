@@ -262,3 +262,44 @@ async fn a_request_queued_at_a_limit_ends_at_once() {
     );
     assert_eq!(calls.load(Ordering::SeqCst), 1, "never sent");
 }
+
+/// A tracked body keeps the grace period open like a request: the shutdown
+/// resolves when the body's guard drops, or cuts it at the end of the
+/// grace (counted in the report); the cut token fires when it resolves.
+#[tokio::test(start_paused = true)]
+async fn open_bodies_hold_the_grace_period_and_the_cut_token_fires_at_its_end() {
+    // Dropped within the grace period: the shutdown ends with it.
+    let handle = ShutdownHandle::new();
+    let token = handle.cut_token();
+    let body = handle.open_body();
+    let start = Instant::now();
+    let shutdown = tokio::spawn(handle.shutdown(Duration::from_secs(10)));
+    sleep(Duration::from_secs(2)).await;
+    assert!(!shutdown.is_finished(), "waits for the body");
+    assert!(!token.is_cancelled() && !body.is_cut());
+    drop(body);
+    let report = shutdown.await.unwrap();
+    assert_eq!(start.elapsed(), Duration::from_secs(2));
+    assert_eq!(report.bodies_cut, 0);
+    assert!(token.is_cancelled() && handle.is_cut());
+
+    // Still open at the end of the grace period: cut and counted.
+    let handle = ShutdownHandle::new();
+    let token = handle.cut_token();
+    let body = handle.open_body();
+    let start = Instant::now();
+    let report = handle.shutdown(Duration::from_secs(3)).await;
+    assert_eq!(start.elapsed(), Duration::from_secs(3));
+    assert_eq!((report.in_flight, report.bodies_cut), (0, 1));
+    assert!(body.is_cut() && token.is_cancelled());
+
+    // Nothing open: resolves at once, and a child token of the cut token
+    // cancelled by the caller cancels nothing else.
+    let handle = ShutdownHandle::new();
+    handle.cut_token().cancel();
+    assert!(!handle.is_cut());
+    let start = Instant::now();
+    let report = handle.shutdown(Duration::from_secs(3)).await;
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    assert_eq!(report, ShutdownHandle::new().shutdown(Duration::ZERO).await);
+}
