@@ -550,7 +550,16 @@ async fn tour() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     tokio::time::sleep(Duration::from_millis(20)).await;
+    let open_before = server.open_connections();
     let report = closing.shutdown(Duration::from_millis(300)).await;
+    // Its pool is closed: the server sees this client's connections end
+    // (other clients of the tour keep theirs).
+    let closed_by = Instant::now() + Duration::from_secs(2);
+    while server.open_connections() >= open_before && Instant::now() < closed_by {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let connections_closed = open_before.saturating_sub(server.open_connections());
     for (title, task) in [
         ("shutdown: a GET in backoff (grace 300 ms)", busy),
         ("shutdown: a GET in flight (grace 300 ms)", hung),
@@ -585,8 +594,8 @@ async fn tour() {
         logs: t.logs.take(),
     });
     let shutdown_line = format!(
-        "shutdown report: {} open at shutdown, {} completed in the grace period (the one in backoff, with its last outcome), {} cut at its end",
-        report.in_flight, report.completed, report.cancelled
+        "shutdown report: {} open at shutdown, {} completed in the grace period (the one in backoff, with its last outcome), {} cut at its end; the server saw {} of its connections closed",
+        report.in_flight, report.completed, report.cancelled, connections_closed
     );
     let calls_made = calls_made + 2;
 

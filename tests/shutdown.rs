@@ -205,3 +205,141 @@ async fn concurrent_shutdowns_from_clones_agree_and_zero_grace_cuts_at_once() {
         start.elapsed()
     );
 }
+
+/// A client whose pool keeps idle connections for a minute: only the
+/// shutdown can close them within a test.
+fn pooling_client(roots: Option<rebound::TlsRoots>) -> Client {
+    let mut builder = Client::builder()
+        .total_timeout(Duration::from_secs(20))
+        .pool_idle_timeout(Duration::from_secs(60));
+    if let Some(roots) = roots {
+        builder = builder.tls_roots(roots);
+    }
+    builder.build().unwrap()
+}
+
+/// The pool is closed when the shutdown resolves: the server sees every
+/// connection of the client closed (HTTP/1.1 over TCP and HTTP/2 over TLS)
+/// while the client is still alive — long before the pool's idle timeout
+/// (60 s) — and no task is left once the client is dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_closes_the_pooled_connections() {
+    let plain = FaultServer::builder()
+        .default(Action::status(200))
+        .start()
+        .await;
+    let tls = FaultServer::builder()
+        .tls()
+        .default(Action::status(200))
+        .start()
+        .await;
+    let servers_only = alive_tasks();
+    let roots = rebound::TlsRoots::Custom(tls.root_store().expect("a TLS server"));
+    let client = pooling_client(Some(roots));
+    for _ in 0..3 {
+        assert_eq!(client.get(plain.url("/a")).await.unwrap().status(), 200);
+        let res = client.get(tls.url("/b")).await.unwrap();
+        assert_eq!(res.status(), 200);
+        assert_eq!(res.version(), http::Version::HTTP_2);
+    }
+    // Control: kept alive in the pool, one connection per server.
+    sleep(Duration::from_millis(100)).await;
+    assert_eq!((plain.connections(), tls.connections()), (1, 1));
+    assert_eq!((plain.open_connections(), tls.open_connections()), (1, 1));
+
+    let start = Instant::now();
+    let report = client.shutdown(Duration::from_secs(5)).await;
+    assert_eq!(report.in_flight, 0);
+    assert!(
+        start.elapsed() < Duration::from_millis(500),
+        "nothing open: no grace needed ({:?})",
+        start.elapsed()
+    );
+    until("both servers see their connection closed", || {
+        plain.open_connections() == 0 && tls.open_connections() == 0
+    })
+    .await;
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(client.get(plain.url("/a")).await.unwrap_err().is_closed());
+    assert_eq!(plain.connections(), 1, "no new connection");
+    // The pool's idle-sweep timer lives until its next tick (60 s) or the
+    // last clone: drop it, and nothing of the client is left.
+    drop(client);
+    assert_eq!(
+        settled_tasks(servers_only, Duration::from_secs(3)).await,
+        servers_only
+    );
+}
+
+/// A response body still being read counts as in flight: a body that ends
+/// within the grace period is read whole (and the shutdown waits for it),
+/// one that does not is cut at its end with `Closed`, and the report
+/// counts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_being_read_get_the_grace_period_then_are_cut() {
+    let server = FaultServer::builder()
+        // 400 bytes at 1000 B/s: about 0.4 s.
+        .route("/short", [Action::status(200).body_len(400).trickle(1_000)])
+        // 10,000 bytes at 1000 B/s: about 10 s.
+        .route(
+            "/long",
+            [Action::status(200).body_len(10_000).trickle(1_000)],
+        )
+        .start()
+        .await;
+    let client = pooling_client(None);
+    let read = |res: http::Response<rebound::ClientBody>| {
+        tokio::spawn(async move {
+            use http_body_util::BodyExt;
+            res.into_body().collect().await.map(|b| b.to_bytes().len())
+        })
+    };
+    let short = read(client.get(server.url("/short")).await.unwrap());
+    let long = read(client.get(server.url("/long")).await.unwrap());
+
+    let start = Instant::now();
+    let report = client.shutdown(Duration::from_secs(1)).await;
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(2),
+        "waited for the bodies until the grace period ended: {took:?}"
+    );
+    assert_eq!(report.in_flight, 0, "both heads were in before");
+    assert_eq!(report.bodies_cut, 1, "{report:?}");
+    assert_eq!(short.await.unwrap().expect("read within the grace"), 400);
+    let err = long
+        .await
+        .unwrap()
+        .expect_err("cut at the end of the grace");
+    assert_eq!(err.kind(), ErrorKind::Closed, "{err}");
+    until("the connections closed", || server.open_connections() == 0).await;
+}
+
+/// A shutdown with only a short body left waits for that body, not for the
+/// whole grace period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_ends_when_the_last_body_does() {
+    let server = FaultServer::builder()
+        .route("/short", [Action::status(200).body_len(300).trickle(1_000)])
+        .start()
+        .await;
+    let client = pooling_client(None);
+    let res = client.get(server.url("/short")).await.unwrap();
+    let reader = tokio::spawn(async move {
+        use http_body_util::BodyExt;
+        res.into_body().collect().await.map(|b| b.to_bytes().len())
+    });
+    let start = Instant::now();
+    let report = client.shutdown(Duration::from_secs(30)).await;
+    let took = start.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "ended with the body: {took:?}"
+    );
+    assert_eq!(report.bodies_cut, 0);
+    assert_eq!(reader.await.unwrap().unwrap(), 300);
+}

@@ -752,8 +752,9 @@ impl ClientBuilder {
     /// most 5 s), while `attempt_timeout(20 s)` with `total_timeout(10 s)`
     /// is refused.
     pub fn build(self) -> Result<Client, Error> {
-        let transport = self.transport_builder().build()?;
-        self.assemble(transport)
+        let shutdown = ShutdownHandle::new();
+        let transport = self.transport_builder().shutdown(&shutdown).build()?;
+        self.assemble(transport, shutdown)
     }
 
     /// What the timeouts resolve to, defaults fitted to what the user set
@@ -827,11 +828,21 @@ impl ClientBuilder {
         C::Error: Into<rebound_core::BoxError>,
         Connector<C>: Connect + Clone + Send + Sync + 'static,
     {
-        let transport = self.transport_builder().build_with_tcp(tcp)?;
-        self.assemble(transport)
+        let shutdown = ShutdownHandle::new();
+        let transport = self
+            .transport_builder()
+            .shutdown(&shutdown)
+            .build_with_tcp(tcp)?;
+        self.assemble(transport, shutdown)
     }
 
-    fn assemble<C>(self, transport: HyperTransport<C>) -> Result<Client, Error>
+    /// The stacks over `transport`, shut down by `shutdown` (which the
+    /// transport was built with: it counts bodies and closes connections).
+    fn assemble<C>(
+        self,
+        transport: HyperTransport<C>,
+        shutdown: ShutdownHandle,
+    ) -> Result<Client, Error>
     where
         C: Clone + Send + Sync + 'static,
         Connector<C>: Connect + Clone + Send + Sync + 'static,
@@ -944,7 +955,6 @@ impl ClientBuilder {
         )));
         // Shutdown right under the request span (which then records a
         // refused or cut request), above everything that waits.
-        let shutdown = ShutdownHandle::new();
         let closes = ShutdownLayer::new(&shutdown);
         let stack =
             trace.layer(closes.layer(CancelLayer::new().layer(
@@ -1056,15 +1066,22 @@ impl Client {
 
     /// Shut down gracefully: from now on every request (from any clone)
     /// fails at once with [`ErrorKind::Closed`], never sent; requests
-    /// sleeping in backoff end at once with their last outcome; requests in
-    /// flight get until `grace` has passed, then are cut (their connections
-    /// closed, [`ErrorKind::Closed`]). Resolves with what happened.
+    /// sleeping in backoff or waiting at a gate or limit end at once with
+    /// their last outcome; requests in flight — and response bodies still
+    /// being read — get until `grace` has passed, then are cut
+    /// ([`ErrorKind::Closed`]). Resolves with what happened, once
+    /// everything ended or the grace period is over.
+    ///
+    /// When it resolves, the pool is closed: every connection, idle or
+    /// busy, is closed (its hyper-util task ends), and no new one is made.
+    /// The pool's idle-sweep timer, if one was running, ends at its next
+    /// tick (the [pool idle timeout](ClientBuilder::pool_idle_timeout)) or
+    /// when the last clone of the client is dropped.
     ///
     /// Calling it again, or from several clones at once, is harmless: each
     /// call resolves with the first one's report. A zero grace cuts at once.
-    /// No new connection is made after it; the idle ones in the pool are
-    /// closed when the last clone of the client is dropped. See
-    /// `rebound_core::shutdown` for the same on a stack of your own.
+    /// See `rebound_core::shutdown` for the same on a stack of your own
+    /// (and [`TransportBuilder::shutdown`] for its transport).
     pub fn shutdown(
         &self,
         grace: Duration,

@@ -49,7 +49,13 @@
 //! hyper-rustls's own connector runs both stages in one future with no
 //! handshake timeout, so the handshake is done here with tokio-rustls; the
 //! result is hyper-rustls's [`MaybeHttpsStream`], whose ALPN answer makes
-//! hyper-util speak HTTP/2 when the server chose `h2`.
+//! hyper-util speak HTTP/2 when the server chose `h2`, inside a [`Stream`].
+//!
+//! With [`Connector::close_on`], every connection closes when a token is
+//! cancelled (the ready-made client's shutdown uses it to close its pool):
+//! its next read ends the stream and writes fail, so hyper-util's task for
+//! that connection ends and the socket is closed, whether the connection is
+//! idle in the pool or busy.
 //!
 //! Every error carries [`Sent::NotSent`]: nothing was written to a server.
 //!
@@ -67,11 +73,13 @@ use std::time::Duration;
 use http::Uri;
 use hyper::rt;
 use hyper_rustls::{ConfigBuilderExt, MaybeHttpsStream};
+use hyper_util::client::legacy::connect::Connected;
 use hyper_util::client::legacy::connect::{Connection, HttpConnector};
 use hyper_util::rt::TokioIo;
 use rebound_core::{BoxError, Error, ErrorKind, Sent, TimeoutStage};
 use rustls::pki_types::ServerName;
 use rustls::{ClientConfig, RootCertStore};
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tower_service::Service;
 
 use crate::error::from_connect_stage;
@@ -167,6 +175,8 @@ pub struct Connector<C = HttpConnector> {
     /// Set once a handshake negotiated `h2` (shared by clones): the
     /// transport captures connections only from then on.
     h2_seen: Arc<AtomicBool>,
+    /// Connections close when this is cancelled.
+    close: Option<CancellationToken>,
 }
 
 impl Connector<HttpConnector> {
@@ -195,7 +205,20 @@ impl<C> Connector<C> {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             tls_timeout: DEFAULT_TLS_TIMEOUT,
             h2_seen: Arc::new(AtomicBool::new(false)),
+            close: None,
         }
+    }
+
+    /// Every connection made from now on closes when `token` is cancelled:
+    /// its next read ends the stream (end of file) and its writes fail, so
+    /// the HTTP connection over it ends, idle or busy. A connection made
+    /// after the cancellation closes at its first read.
+    ///
+    /// Cost: one child token per connection, polled only when a read finds
+    /// no data.
+    pub fn close_on(mut self, token: CancellationToken) -> Self {
+        self.close = Some(token);
+        self
     }
 
     /// The flag set once a handshake of this connector (or a clone)
@@ -267,13 +290,14 @@ impl<C> fmt::Debug for Connector<C> {
             .field("connect_timeout", &self.connect_timeout)
             .field("tls_timeout", &self.tls_timeout)
             .field("alpn", &self.tls.alpn_protocols.len())
+            .field("close_on", &self.close.is_some())
             .finish_non_exhaustive()
     }
 }
 
 /// The future of [`Connector`].
 pub type ConnectFuture<T> =
-    Pin<Box<dyn Future<Output = Result<MaybeHttpsStream<T>, Error>> + Send + 'static>>;
+    Pin<Box<dyn Future<Output = Result<Stream<T>, Error>> + Send + 'static>>;
 
 fn not_sent(mut err: Error) -> Error {
     err.extensions_mut().insert(Sent::NotSent);
@@ -302,7 +326,7 @@ where
     C::Future: Send + 'static,
     C::Error: Into<BoxError>,
 {
-    type Response = MaybeHttpsStream<C::Response>;
+    type Response = Stream<C::Response>;
     type Error = Error;
     type Future = ConnectFuture<C::Response>;
 
@@ -329,6 +353,7 @@ where
         let connect_timeout = self.connect_timeout;
         let tls_timeout = self.tls_timeout;
         let h2_seen = Arc::clone(&self.h2_seen);
+        let close = self.close.as_ref().map(CancellationToken::child_token);
         let connecting = self.tcp.call(dst);
         Box::pin(async move {
             let tcp = match tokio::time::timeout(connect_timeout, connecting).await {
@@ -343,7 +368,7 @@ where
                 Ok(Ok(tcp)) => tcp,
             };
             let Some((name, config)) = tls else {
-                return Ok(MaybeHttpsStream::Http(tcp));
+                return Ok(Stream::new(MaybeHttpsStream::Http(tcp), close));
             };
             let handshake =
                 tokio_rustls::TlsConnector::from(config).connect(name, TokioIo::new(tcp));
@@ -358,9 +383,149 @@ where
                     if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
                         h2_seen.store(true, Ordering::Relaxed);
                     }
-                    Ok(MaybeHttpsStream::from(stream))
+                    Ok(Stream::new(MaybeHttpsStream::from(stream), close))
                 }
             }
         })
+    }
+}
+
+// ===== impl Stream =====
+
+/// A connection made by [`Connector`]: hyper-rustls's [`MaybeHttpsStream`]
+/// (plain TCP or TLS), closed when the connector's
+/// [`close_on`](Connector::close_on) token is cancelled.
+pub struct Stream<T> {
+    inner: MaybeHttpsStream<T>,
+    /// `Some` while the stream can still be closed by the token.
+    close: Option<Pin<Box<WaitForCancellationFutureOwned>>>,
+    /// The token was cancelled: reads end, writes fail.
+    closed: bool,
+}
+
+impl<T> Stream<T> {
+    fn new(inner: MaybeHttpsStream<T>, close: Option<CancellationToken>) -> Self {
+        Stream {
+            inner,
+            close: close.map(|token| Box::pin(token.cancelled_owned())),
+            closed: false,
+        }
+    }
+
+    /// The TCP or TLS stream inside.
+    pub fn get_ref(&self) -> &MaybeHttpsStream<T> {
+        &self.inner
+    }
+
+    /// Whether the close token was seen cancelled.
+    pub fn is_closed(&self) -> bool {
+        self.closed
+    }
+
+    /// Polls the close token; `true` once it is cancelled.
+    fn poll_close(&mut self, cx: &mut Context<'_>) -> bool {
+        if !self.closed {
+            if let Some(close) = &mut self.close {
+                if close.as_mut().poll(cx).is_ready() {
+                    self.closed = true;
+                    self.close = None;
+                }
+            }
+        }
+        self.closed
+    }
+}
+
+impl<T> fmt::Debug for Stream<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let tls = matches!(self.inner, MaybeHttpsStream::Https(_));
+        f.debug_struct("Stream")
+            .field("tls", &tls)
+            .field("closed", &self.closed)
+            .finish()
+    }
+}
+
+fn closed_io() -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::BrokenPipe,
+        "connection closed by the client's shutdown",
+    )
+}
+
+impl<T> rt::Read for Stream<T>
+where
+    T: rt::Read + rt::Write + Unpin,
+{
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: rt::ReadBufCursor<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        if this.closed {
+            // End of file: the HTTP connection ends.
+            return Poll::Ready(Ok(()));
+        }
+        match Pin::new(&mut this.inner).poll_read(cx, buf) {
+            // Only a read that waits looks at the token (and registers for
+            // its wake-up): an idle connection waits here.
+            Poll::Pending if this.poll_close(cx) => Poll::Ready(Ok(())),
+            other => other,
+        }
+    }
+}
+
+impl<T> rt::Write for Stream<T>
+where
+    T: rt::Read + rt::Write + Unpin,
+{
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        if this.closed {
+            return Poll::Ready(Err(closed_io()));
+        }
+        Pin::new(&mut this.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        if this.closed {
+            return Poll::Ready(Err(closed_io()));
+        }
+        Pin::new(&mut this.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        if this.closed {
+            return Poll::Ready(Err(closed_io()));
+        }
+        Pin::new(&mut this.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+impl<T> Connection for Stream<T>
+where
+    T: rt::Read + rt::Write + Connection + Unpin,
+{
+    fn connected(&self) -> Connected {
+        self.inner.connected()
     }
 }

@@ -64,6 +64,7 @@ use std::time::Duration;
 use bytes::Buf;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
+use rebound_core::shutdown::OpenBody;
 use rebound_core::{BoxError, Error, Sent, TimeoutStage};
 use tokio::time::{Instant, Sleep};
 
@@ -312,6 +313,8 @@ pin_project! {
         sleep: Option<Pin<Box<Sleep>>>,
         failed: Option<TimeoutStage>,
         request: Option<RequestName>,
+        // Counted by a shutdown until the body ends.
+        open: Option<OpenBody>,
     }
 }
 
@@ -327,11 +330,17 @@ impl<B> ResponseBody<B> {
             sleep: None,
             failed: None,
             request: None,
+            open: None,
         }
     }
 
     pub(crate) fn named(mut self, request: RequestName) -> Self {
         self.request = Some(request);
+        self
+    }
+
+    pub(crate) fn tracked(mut self, open: Option<OpenBody>) -> Self {
+        self.open = open;
         self
     }
 
@@ -353,6 +362,25 @@ impl<B> fmt::Debug for ResponseBody<B> {
             .field("min_rate", &self.rate.as_ref().map(|r| r.cfg))
             .field("request", &self.request)
             .finish_non_exhaustive()
+    }
+}
+
+/// A failed read: [`ErrorKind::Closed`](rebound_core::ErrorKind::Closed)
+/// if a shutdown ended (its connections are closed), else a body error.
+fn read_error(e: BoxError, request: &Option<RequestName>, open: &mut Option<OpenBody>) -> Error {
+    let err = match open.take() {
+        Some(open) if open.is_cut() => {
+            let mut err = Error::new(rebound_core::ErrorKind::Closed)
+                .with_detail("response body cut at the end of the shutdown's grace period")
+                .with_source(e);
+            err.extensions_mut().insert(Sent::MaybeProcessed);
+            err
+        }
+        _ => from_body(e),
+    };
+    match request {
+        Some(r) => r.name(err),
+        None => err,
     }
 }
 
@@ -379,20 +407,25 @@ where
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let mut this = self.project();
         if let Some(stage) = *this.failed {
+            *this.open = None;
             return Poll::Ready(Some(Err(body_timeout(stage, this.request))));
         }
         if this.idle.is_none() && this.rate.is_none() {
-            return match this.inner.poll_frame(cx) {
+            return match this.inner.as_mut().poll_frame(cx) {
                 Poll::Pending => Poll::Pending,
-                Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(frame))),
-                Poll::Ready(Some(Err(e))) => {
-                    let err = from_body(e.into());
-                    Poll::Ready(Some(Err(match this.request {
-                        Some(r) => r.name(err),
-                        None => err,
-                    })))
+                Poll::Ready(Some(Ok(frame))) => {
+                    if this.open.is_some() && this.inner.is_end_stream() {
+                        *this.open = None;
+                    }
+                    Poll::Ready(Some(Ok(frame)))
                 }
-                Poll::Ready(None) => Poll::Ready(None),
+                Poll::Ready(Some(Err(e))) => {
+                    Poll::Ready(Some(Err(read_error(e.into(), this.request, this.open))))
+                }
+                Poll::Ready(None) => {
+                    *this.open = None;
+                    Poll::Ready(None)
+                }
             };
         }
 
@@ -419,16 +452,18 @@ where
                         rate.bytes = rate.bytes.saturating_add(data.remaining() as u64);
                     }
                 }
+                if this.open.is_some() && this.inner.is_end_stream() {
+                    *this.open = None;
+                }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => {
-                let err = from_body(e.into());
-                Poll::Ready(Some(Err(match this.request {
-                    Some(r) => r.name(err),
-                    None => err,
-                })))
+                Poll::Ready(Some(Err(read_error(e.into(), this.request, this.open))))
             }
-            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Ready(None) => {
+                *this.open = None;
+                Poll::Ready(None)
+            }
             Poll::Pending => {
                 let remaining = this.inner.size_hint().upper();
                 let mut wake_at: Option<Instant> = None;

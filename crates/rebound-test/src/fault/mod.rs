@@ -293,9 +293,11 @@ async fn accept_loop(listener: TcpListener, ctx: Ctx) {
             }
         };
         let (id, action) = ctx.shared.accept();
+        let open = ctx.shared.open_connection();
         let conn = ctx.clone();
         let cancel = ctx.exec.cancel.clone();
         ctx.exec.tracker.spawn(async move {
+            let _open = open;
             tokio::select! {
                 _ = cancel.cancelled() => {}
                 _ = connection(tcp, id, action, conn) => {}
@@ -412,6 +414,12 @@ impl FaultServer {
     /// reused.
     pub fn connections(&self) -> u64 {
         self.shared.connection_count()
+    }
+
+    /// How many accepted connections are still open: the server has not
+    /// seen them closed (by the client, or by the connection's action).
+    pub fn open_connections(&self) -> usize {
+        self.shared.open_connections()
     }
 
     /// How many requests are in flight now. A request is in flight from the

@@ -155,6 +155,8 @@ pub(crate) struct Shared {
     peak: AtomicUsize,
     /// Request heads read, whether or not their body was read whole.
     started: AtomicUsize,
+    /// Connections accepted and not yet closed.
+    open: AtomicUsize,
 }
 
 /// The parts of a request known before it is recorded.
@@ -179,6 +181,7 @@ impl Shared {
             accepted: watch::Sender::new(0),
             in_flight: AtomicUsize::new(0),
             peak: AtomicUsize::new(0),
+            open: AtomicUsize::new(0),
             started: AtomicUsize::new(0),
         })
     }
@@ -281,6 +284,16 @@ impl Shared {
         *self.received.borrow()
     }
 
+    /// One connection accepted; it counts as open until the guard drops.
+    pub(crate) fn open_connection(self: &Arc<Self>) -> OpenConnection {
+        self.open.fetch_add(1, Ordering::SeqCst);
+        OpenConnection(Arc::clone(self))
+    }
+
+    pub(crate) fn open_connections(&self) -> usize {
+        self.open.load(Ordering::SeqCst)
+    }
+
     pub(crate) fn connection_count(&self) -> u64 {
         *self.accepted.borrow()
     }
@@ -358,5 +371,14 @@ impl fmt::Debug for InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.shared.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A connection the server still holds; see [`Shared::open_connection`].
+pub(crate) struct OpenConnection(Arc<Shared>);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::SeqCst);
     }
 }
