@@ -67,9 +67,10 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
+use futures_util::task::AtomicWaker;
 use http::Uri;
 use hyper::rt;
 use hyper_rustls::{ConfigBuilderExt, MaybeHttpsStream};
@@ -214,8 +215,9 @@ impl<C> Connector<C> {
     /// the HTTP connection over it ends, idle or busy. A connection made
     /// after the cancellation closes at its first read.
     ///
-    /// Cost: one child token per connection, polled only when a read finds
-    /// no data.
+    /// Cost: per connection, a child token registered once with a waker of
+    /// its own; a read that finds no data then pays an `AtomicWaker`
+    /// registration and an atomic load (no lock).
     pub fn close_on(mut self, token: CancellationToken) -> Self {
         self.close = Some(token);
         self
@@ -398,16 +400,73 @@ where
 pub struct Stream<T> {
     inner: MaybeHttpsStream<T>,
     /// `Some` while the stream can still be closed by the token.
-    close: Option<Pin<Box<WaitForCancellationFutureOwned>>>,
+    close: Option<Close>,
     /// The token was cancelled: reads end, writes fail.
     closed: bool,
+}
+
+/// Watches a close token for one connection without a lock per read: the
+/// token's wait is polled once, with a waker of our own ([`CutWake`]); a
+/// read that waits only hands its task's waker to an `AtomicWaker` and
+/// checks a flag.
+struct Close {
+    wake: Arc<CutWake>,
+    /// Registered with the token (never polled again); dropping it
+    /// unregisters.
+    _wait: Pin<Box<WaitForCancellationFutureOwned>>,
+}
+
+/// Set, and the connection's task woken, when the close token is
+/// cancelled.
+#[derive(Default)]
+struct CutWake {
+    fired: AtomicBool,
+    task: AtomicWaker,
+}
+
+impl std::task::Wake for CutWake {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.fired.store(true, Ordering::Release);
+        self.task.wake();
+    }
+}
+
+impl Close {
+    fn new(token: CancellationToken) -> Self {
+        let wake = Arc::new(CutWake::default());
+        let mut wait = Box::pin(token.cancelled_owned());
+        let waker = Waker::from(Arc::clone(&wake));
+        if wait
+            .as_mut()
+            .poll(&mut Context::from_waker(&waker))
+            .is_ready()
+        {
+            wake.fired.store(true, Ordering::Release);
+        }
+        Close { wake, _wait: wait }
+    }
+
+    /// `true` once the token is cancelled; else the current task is woken
+    /// when it is.
+    fn poll_closed(&self, cx: &mut Context<'_>) -> bool {
+        if self.wake.fired.load(Ordering::Acquire) {
+            return true;
+        }
+        self.wake.task.register(cx.waker());
+        // Cancelled between the check and the registration.
+        self.wake.fired.load(Ordering::Acquire)
+    }
 }
 
 impl<T> Stream<T> {
     fn new(inner: MaybeHttpsStream<T>, close: Option<CancellationToken>) -> Self {
         Stream {
             inner,
-            close: close.map(|token| Box::pin(token.cancelled_owned())),
+            close: close.map(Close::new),
             closed: false,
         }
     }
@@ -422,15 +481,12 @@ impl<T> Stream<T> {
         self.closed
     }
 
-    /// Polls the close token; `true` once it is cancelled.
+    /// Whether the close token is cancelled; registers the task for its
+    /// wake-up otherwise.
     fn poll_close(&mut self, cx: &mut Context<'_>) -> bool {
-        if !self.closed {
-            if let Some(close) = &mut self.close {
-                if close.as_mut().poll(cx).is_ready() {
-                    self.closed = true;
-                    self.close = None;
-                }
-            }
+        if !self.closed && self.close.as_ref().is_some_and(|c| c.poll_closed(cx)) {
+            self.closed = true;
+            self.close = None;
         }
         self.closed
     }
