@@ -119,7 +119,10 @@
 //! sent, so any method could be retried) would make the loop spin through
 //! its attempts against the open circuit, spending the shared budget that
 //! other hosts need. The default classifier also calls this kind fatal, in
-//! case a classify layer sits above a breaker. `Display` names the host
+//! case a classify layer sits above a breaker. A retry that meets an open
+//! circuit (it opened after the first attempt) returns this error carrying
+//! the attempt before it as [`PreviousAttempt`](crate::PreviousAttempt):
+//! the last real outcome (its verdict, e.g. `status 503`) is not lost. `Display` names the host
 //! (the redacted URL: no userinfo, no query) and when the circuit may
 //! close: `circuit open: may close in 4.2s for GET https://api.example/v1`.
 //!
@@ -182,7 +185,7 @@ use tokio::time::Instant;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::annotations::{CircuitState, Reason, RetryAfterHint, Sent, Verdict};
+use crate::annotations::{CircuitState, PreviousAttempt, Reason, RetryAfterHint, Sent, Verdict};
 use crate::config::{expect_valid, validate_duration};
 use crate::error::{BoxError, Error, ErrorKind};
 use crate::redact::effective_port;
@@ -1059,6 +1062,11 @@ fn open_error<B>(req: &Request<B>, table: &Table, until: u64) -> Error {
         ext.insert(RetryAfterHint(left));
     }
     ext.insert(CircuitState::Open);
+    // A retry that meets the open circuit: the last real outcome (DESIGN
+    // §4) is the previous attempt's, so the error says what it was.
+    if let Some(previous) = req.extensions().get::<PreviousAttempt>() {
+        ext.insert(previous.clone());
+    }
     #[cfg(feature = "metrics")]
     crate::metrics::record_circuit_rejected();
     err

@@ -466,6 +466,42 @@ async fn the_retry_loop_spends_no_attempt_or_budget_on_an_open_circuit() {
     assert!(budget.remaining() >= left, "no retry was spent");
 }
 
+/// A retry that meets a circuit opened after its first attempt returns
+/// `CircuitOpen` carrying that first attempt's outcome (DESIGN §4: the
+/// last real outcome is not lost).
+#[tokio::test(start_paused = true)]
+async fn a_retry_meeting_an_open_circuit_keeps_the_previous_outcome() {
+    use rebound_core::retry::{RetryBudget, RetryLayer, RetryPolicy};
+    use rebound_core::PreviousAttempt;
+    let up = Upstream::default();
+    // Opens on the first failure.
+    let breaker = CircuitBreakerLayer::new(config().minimum_throughput(1));
+    let svc = ServiceBuilder::new()
+        .layer(RetryLayer::new(
+            RetryPolicy::default()
+                .max_attempts(3)
+                .budget(Arc::new(RetryBudget::new(1.0, secs(10), 10))),
+        ))
+        .layer(breaker.clone())
+        .service(up.service())
+        .boxed_clone();
+    up.set("down.example", 503);
+    let err = call(&svc, "down.example").await.unwrap_err();
+    assert!(err.is_circuit_open(), "{err}");
+    assert_eq!(err.attempts(), 2, "the retry met the open circuit");
+    assert_eq!(up.calls("down.example"), 1);
+    let previous = err
+        .extensions()
+        .get::<PreviousAttempt>()
+        .expect("the first attempt's outcome");
+    assert_eq!(previous.attempt, 1);
+    assert!(previous.verdict.is_retryable(), "{:?}", previous.verdict);
+    assert_eq!(
+        previous.verdict.reason().map(Reason::as_str),
+        Some("status 503")
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn concurrent_calls_when_half_open_let_exactly_the_probes_through() {
     use std::sync::atomic::{AtomicU64, Ordering};
