@@ -218,6 +218,10 @@ async fn a_retry_held_at_the_closing_gate_ends_with_its_last_real_outcome() {
     // The last real outcome: the 503 of the first attempt.
     let prev = err.extensions().get::<PreviousAttempt>().expect("carried");
     assert_eq!(prev.attempt, 1);
+    // Stopped by the shutdown, as a backoff sleep is; the held attempt 2
+    // was never made.
+    assert_eq!(err.retry_stop(), Some(rebound_core::RetryStop::Closed));
+    assert_eq!(err.attempts(), 1);
     assert!(prev.verdict.is_retryable(), "{:?}", prev.verdict);
     assert!(Instant::now() < start + PAUSE);
     assert_eq!(calls.to("/flaky"), 1, "no further attempt");

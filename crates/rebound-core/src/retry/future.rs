@@ -228,7 +228,20 @@ where
         let sent = match ext.get::<Verdict>() {
             None | Some(Verdict::Success) => return Decision::Return(self.finish(outcome, None)),
             Some(Verdict::Fatal { .. }) => {
-                return Decision::Return(self.finish(outcome, Some(RetryStop::Fatal)))
+                // A wait below (a gate, a limit's queue) that a shutdown
+                // ended: stopped by the shutdown, as a backoff sleep is,
+                // and that attempt was never made.
+                let closed = matches!(&outcome, Err(e) if e.kind() == crate::error::ErrorKind::Closed
+                    && e.extensions().get::<Sent>() == Some(&Sent::NotSent));
+                if closed && n > 1 {
+                    self.attempt -= 1;
+                }
+                let stop = if closed {
+                    RetryStop::Closed
+                } else {
+                    RetryStop::Fatal
+                };
+                return Decision::Return(self.finish(outcome, Some(stop)));
             }
             Some(Verdict::Retryable { sent, .. }) => *sent,
         };
