@@ -48,7 +48,9 @@
 //!    sleeping in the retry loop's backoff ends at once with its last real
 //!    outcome ([`RetryStop::Closed`](crate::RetryStop::Closed); a response already drained comes back
 //!    as a `Closed` error carrying its [`PreviousAttempt`](crate::PreviousAttempt)), and a layer
-//!    that queues (a gate, a limit) can end its wait likewise;
+//!    that queues (a gate, a limit) can end its wait likewise; a caller
+//!    waiting in this service's `poll_ready` (a limit with backpressure
+//!    below) gets it ready at once, and its call is refused;
 //! 3. gives the attempts **in flight** until `grace` has passed, then
 //!    **cuts** the ones still running: their futures drop everything below
 //!    at once (connections being made, attempts, bodies being sent) and
@@ -413,6 +415,7 @@ impl<S> Layer<S> for ShutdownLayer {
         Shutdown {
             inner,
             handle: self.handle.clone(),
+            ready_wait: None,
         }
     }
 }
@@ -422,10 +425,31 @@ impl<S> Layer<S> for ShutdownLayer {
 /// The service of [`ShutdownLayer`].
 ///
 /// See the [module docs](self).
-#[derive(Clone, Debug)]
 pub struct Shutdown<S> {
     inner: S,
     handle: ShutdownHandle,
+    /// While the inner service is not ready (a limit with backpressure):
+    /// the wait that makes this service ready at shutdown.
+    ready_wait: Option<Pin<Box<dyn Future<Output = ()> + Send + Sync>>>,
+}
+
+impl<S: Clone> Clone for Shutdown<S> {
+    fn clone(&self) -> Self {
+        Shutdown {
+            inner: self.inner.clone(),
+            handle: self.handle.clone(),
+            ready_wait: None,
+        }
+    }
+}
+
+impl<S: fmt::Debug> fmt::Debug for Shutdown<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Shutdown")
+            .field("inner", &self.inner)
+            .field("handle", &self.handle)
+            .finish()
+    }
 }
 
 impl<S> Shutdown<S> {
@@ -434,6 +458,7 @@ impl<S> Shutdown<S> {
         Shutdown {
             inner,
             handle: handle.clone(),
+            ready_wait: None,
         }
     }
 
@@ -463,9 +488,32 @@ where
     type Future = ResponseFuture<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner
-            .poll_ready(cx)
-            .map_err(|e| Error::from_boxed(e.into()))
+        // Closed: ready at once, and `call` refuses (the inner service is
+        // not called, so it need not be ready).
+        if self.handle.is_closed() {
+            self.ready_wait = None;
+            return Poll::Ready(Ok(()));
+        }
+        match self.inner.poll_ready(cx) {
+            Poll::Ready(ready) => {
+                self.ready_wait = None;
+                Poll::Ready(ready.map_err(|e| Error::from_boxed(e.into())))
+            }
+            Poll::Pending => {
+                // Backpressure below (a limit that reserves in
+                // `poll_ready`): a shutdown ends this wait too. Allocates
+                // only for a service that is not ready.
+                let closing = &self.handle.shared.closing;
+                let wait = self
+                    .ready_wait
+                    .get_or_insert_with(|| closing.clone().closed_owned());
+                if wait.as_mut().poll(cx).is_ready() {
+                    self.ready_wait = None;
+                    return Poll::Ready(Ok(()));
+                }
+                Poll::Pending
+            }
+        }
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {

@@ -406,3 +406,46 @@ async fn a_permit_lent_to_a_request_held_at_the_gate_is_back_after_a_shutdown() 
         (StatusCode::OK, Duration::ZERO)
     );
 }
+
+/// Backpressure below (a concurrency limit that reserves its permit in
+/// `poll_ready`): a caller waiting for readiness is made ready at once by
+/// the shutdown and refused, never sent; the request in flight gets the
+/// grace period.
+#[tokio::test(start_paused = true)]
+async fn a_caller_waiting_in_poll_ready_behind_backpressure_is_refused_at_once() {
+    let handle = ShutdownHandle::new();
+    let calls = Calls::default();
+    let seen = calls.clone();
+    let svc = ServiceBuilder::new()
+        .layer(ShutdownLayer::new(&handle))
+        .layer(ConcurrencyLimitLayer::new(1).backpressure(true))
+        .service(service_fn(move |req: Request<Body>| {
+            seen.0.lock().unwrap().push(req.uri().path().to_owned());
+            async move {
+                sleep(Duration::from_secs(5)).await;
+                Ok::<_, Infallible>(Response::new(Body::default()))
+            }
+        }));
+    let first = tokio::spawn(svc.clone().oneshot(req("/first")));
+    sleep(Duration::from_millis(1)).await;
+    assert_eq!(calls.len(), 1, "the first holds the only permit");
+    // `oneshot` waits in `poll_ready` for the permit.
+    let second = tokio::spawn(svc.clone().oneshot(req("/second")));
+    sleep(Duration::from_secs(1)).await;
+    assert!(
+        !second.is_finished(),
+        "waits for readiness without a shutdown"
+    );
+    assert_eq!(handle.open(), 1, "not called yet: not counted");
+
+    let start = Instant::now();
+    let shutdown = tokio::spawn(handle.shutdown(Duration::from_secs(30)));
+    let err = second.await.unwrap().unwrap_err();
+    assert_eq!(start.elapsed(), Duration::ZERO, "at once");
+    assert_eq!(err.kind(), ErrorKind::Closed, "{err}");
+    assert_eq!(err.extensions().get::<Sent>(), Some(&Sent::NotSent));
+    assert_eq!(calls.to("/second"), 0, "never sent");
+    assert!(first.await.unwrap().is_ok(), "answered within the grace");
+    let report = shutdown.await.unwrap();
+    assert_eq!(counts(report), (1, 1, 0));
+}
