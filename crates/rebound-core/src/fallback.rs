@@ -42,9 +42,26 @@
 //!
 //! **Above** the retry loop (below the deadline): the primary gets its
 //! whole retry loop first, and each route gets its own, all bounded by the
-//! caller's deadline. Around `rebound::Client`, which is a
-//! `tower::Service`, stack it directly:
-//! `ServiceBuilder::new().layer(FallbackLayer::new(routes)).service(client)`.
+//! caller's deadline.
+//!
+//! **With `rebound::Client`**, give the layer to the builder:
+//! `Client::builder().fallback(FallbackLayer::new(routes))`. The client puts
+//! it, in both of its stacks (`send` and the JSON helpers), below its
+//! deadline (the total timeout, or the caller's deadline if earlier), its
+//! concurrency limit and its idempotency-key layer, and above its retry
+//! loop; and it charges fallbacks to the client's retry budget unless
+//! [`budget`](FallbackLayer::budget) gave the layer one. So the whole chain
+//! ends by one deadline, the logical request keeps its one concurrency
+//! permit, and every route carries the primary's `Idempotency-Key` (a
+//! route to the same service can then recognise a write the primary may
+//! have done). Stacked *around* a client instead, each route would get a
+//! fresh total timeout and no shared budget.
+//!
+//! **On a stack of your own**, in the same order:
+//! `DeadlineLayer → ConcurrencyLimitLayer → IdempotencyKeyLayer →
+//! FallbackLayer → RetryLayer → … → ClassifyLayer → service`, with
+//! `.budget(Arc::clone(retry_layer.policy().get_budget()))` to share the
+//! retry loop's budget.
 //!
 //! # When it falls back
 //!

@@ -248,7 +248,9 @@ async fn the_last_outcome_is_let_go_before_the_next_route() {
         Ok::<_, BoxError>(res)
     });
     let mut svc = ServiceBuilder::new()
-        .layer(FallbackLayer::new([Route::base_url("https://secondary.example")]))
+        .layer(FallbackLayer::new([Route::base_url(
+            "https://secondary.example",
+        )]))
         .layer(rebound_core::limit::ConcurrencyLimitLayer::new(1))
         .layer(RetryLayer::new(RetryPolicy::default().max_attempts(1)))
         .layer(ClassifyLayer::new(HttpClassifier::default()))

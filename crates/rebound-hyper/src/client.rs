@@ -41,6 +41,7 @@
 //! | [`RetryAfterGateLayer`] (holding) | new requests to a host whose gate is closed wait here, holding no permit | [`retry_after_gate`](ClientBuilder::retry_after_gate) |
 //! | [`ConcurrencyLimitLayer`] | logical requests in flight, held until the body ends | [`concurrency_limit`](ClientBuilder::concurrency_limit) |
 //! | [`IdempotencyKeyLayer`] | POST/PATCH get an `Idempotency-Key` once | [`idempotency_keys`](ClientBuilder::idempotency_keys) |
+//! | [`FallbackLayer`] | **off by default**; on, a request whose retry loop ends in a retryable failure goes to the next listed route (its own retry loop, the same key and permit, `Authorization` stripped), all within the one deadline; fallbacks spend the retry budget | [`fallback`](ClientBuilder::fallback) |
 //! | [`MarkRetryableLayer`] (only when configured) | gRPC calls to methods declared safe are eligible for retry | [`grpc_retryable_methods`](ClientBuilder::grpc_retryable_methods) |
 //! | [`RetryLayer`] | the only loop; budget shared by all clones | [`max_attempts`](ClientBuilder::max_attempts), [`retry_budget`](ClientBuilder::retry_budget), [`retry_methods`](ClientBuilder::retry_methods) |
 //! | [`HedgeLayer`] | **off by default**; on, a first attempt with no answer after a delay gets a copy, the first acceptable answer wins, the other is cancelled; hedges spend the retry budget, and a hedged request is not retried | [`hedge`](ClientBuilder::hedge) |
@@ -66,7 +67,9 @@
 //! (a limit no one reaches, an empty method set, a gate in
 //! [`GateMode::Off`] that costs one branch), so the client has one shape
 //! whatever its configuration; the circuit breaker, when off, is left out
-//! (an `Either` branch).
+//! (an `Either` branch), and so are the two gRPC layers when not
+//! configured and the [fallback](ClientBuilder::fallback) layer when not
+//! set.
 //!
 //! # Faults stay with their host
 //!
@@ -128,6 +131,7 @@ use tower::util::option_layer;
 use crate::classifier::{AnyClassifier, ClientClassifier};
 use rebound_core::collect::{CollectBodyLayer, CollectedBody};
 use rebound_core::deadline::{DeadlineBody, DeadlineLayer};
+use rebound_core::fallback::FallbackLayer;
 use rebound_core::gate::{GateMode, GateTable, RetryAfterGateLayer};
 use rebound_core::hedge::{HedgeLayer, HedgePolicy};
 use rebound_core::idempotency::IdempotencyKeyLayer;
@@ -324,6 +328,7 @@ pub struct ClientBuilder {
     breaker: Option<Option<CircuitBreakerLayer>>,
     idempotency: bool,
     hedge: HedgePolicy,
+    fallback: Option<FallbackLayer>,
     replay_cap: usize,
     max_response_body: usize,
     trace: TraceLayer,
@@ -358,6 +363,7 @@ impl Default for ClientBuilder {
             breaker: None,
             idempotency: true,
             hedge: HedgePolicy::off(),
+            fallback: None,
             replay_cap: DEFAULT_REPLAY_BUFFER_CAP,
             max_response_body: DEFAULT_MAX_RESPONSE_BODY,
             trace: TraceLayer::new(),
@@ -688,6 +694,54 @@ impl ClientBuilder {
         self
     }
 
+    /// Fall back to the alternate [`Route`](rebound_core::fallback::Route)s
+    /// of `layer` when a request's retry loop ends in a retryable failure
+    /// (see [`rebound_core::fallback`]: only then, only to the routes
+    /// listed, `Authorization` stripped, the response marked with
+    /// [`Served`](rebound_core::fallback::Served)); `None` takes it out.
+    /// Default: `None`, and then it is not in the stack at all (an `Either`
+    /// branch): a request pays nothing for it.
+    ///
+    /// Where it sits, and why:
+    ///
+    /// * **Below the [total timeout](Self::total_timeout)** (and a caller's
+    ///   deadline): the whole chain, primary and routes, ends by the one
+    ///   deadline. A route is asked only while time is left, and is cut at
+    ///   the deadline; a primary that uses the whole budget leaves no
+    ///   fallback.
+    /// * **Above the retry loop**: the primary gets its whole retry loop,
+    ///   then each route its own, with the client's attempt timeout,
+    ///   backoff, breaker and limits. Each fallback spends one retry of the
+    ///   client's [retry budget](Self::retry_budget) (the same bound as
+    ///   retries and hedges), unless `layer` has a
+    ///   [budget](FallbackLayer::budget) of its own.
+    /// * **Below the concurrency limit**: one logical request holds one
+    ///   permit across its routes, as across its retries; a fallback does
+    ///   not queue again behind new requests.
+    /// * **Below the idempotency-key layer**: every route gets the **same**
+    ///   `Idempotency-Key` as the primary. The primary may have done the
+    ///   write before its answer was lost (a 503 from a proxy, a reset); an
+    ///   alternate route to the same service (another region over one
+    ///   idempotency store) then recognises the repeat, where a new key
+    ///   would make it a second write. A route to another service sees a
+    ///   key it never saw, which costs nothing (a key is not a secret; a
+    ///   route's rewrite may replace it). A write with no key (with
+    ///   [`idempotency_keys(false)`](Self::idempotency_keys)) that may have
+    ///   been processed is not retried, and not sent to another route
+    ///   either.
+    /// * The holding Retry-After gate, above the limit, sees the primary's
+    ///   host; a route's host whose gate is closed is held (or failed fast)
+    ///   by the gate below the retry loop, as a retry to it would be.
+    ///
+    /// The request body is sent again from the copy the retry loop keeps:
+    /// in memory, or a stream within the
+    /// [`replay_buffer_cap`](Self::replay_buffer_cap); a longer stream is
+    /// not sent to another route.
+    pub fn fallback(mut self, layer: impl Into<Option<FallbackLayer>>) -> Self {
+        self.fallback = layer.into();
+        self
+    }
+
     /// How many bytes of a streamed request body are kept so that it can be
     /// sent again: a stream of at most this many bytes is retried like an
     /// in-memory body, a longer one is sent once and not retried
@@ -875,6 +929,14 @@ impl ClientBuilder {
             self.hedge.budget(Arc::clone(retry.policy().get_budget()))
         };
         let hedge = HedgeLayer::try_new(hedge)?;
+        // Off: not in the stack at all (the `Identity` side of an `Either`).
+        let fallback = option_layer(self.fallback.map(|layer| {
+            if layer.has_budget() {
+                layer
+            } else {
+                layer.budget(Arc::clone(retry.policy().get_budget()))
+            }
+        }));
 
         let retry_after = RetryAfterLayer::new()
             .try_max_delay(self.retry_after_cap)?
@@ -946,16 +1008,11 @@ impl ClientBuilder {
         // refused or cut request), above everything that waits.
         let shutdown = ShutdownHandle::new();
         let closes = ShutdownLayer::new(&shutdown);
-        let stack =
-            trace.layer(closes.layer(CancelLayer::new().layer(
-                deadline.layer(
-                    hold.layer(
-                        concurrency.layer(
-                            idempotency.layer(mark.layer(retry.layer(hedge.layer(attempts)))),
-                        ),
-                    ),
-                ),
-            )));
+        let stack = trace.layer(closes.layer(CancelLayer::new().layer(deadline.layer(
+            hold.layer(concurrency.layer(
+                idempotency.layer(fallback.layer(mark.layer(retry.layer(hedge.layer(attempts))))),
+            )),
+        ))));
 
         // The JSON helpers' stack: the very same layer values (their state is
         // behind `Arc`s, so both stacks share the pool, budget, limiters and
@@ -972,7 +1029,9 @@ impl ClientBuilder {
         ));
         let collecting = trace.layer(closes.layer(CancelLayer::new().layer(deadline.layer(
             hold.layer(concurrency.layer(
-                idempotency.layer(mark.layer(retry.layer(hedge.layer(collecting_attempts)))),
+                idempotency.layer(
+                    fallback.layer(mark.layer(retry.layer(hedge.layer(collecting_attempts)))),
+                ),
             )),
         ))));
         Ok(Client {
