@@ -1,18 +1,20 @@
 //! The ready-made client with its side-effect options, over real sockets:
 //! `ClientBuilder::fallback` (alternate routes inside the client, under its
-//! one deadline and retry budget), through `send` and through the JSON
-//! helpers.
+//! one deadline and retry budget) and `ClientBuilder::reconcile` (a status
+//! check before a maybe-processed write is sent again), through `send` and
+//! through the JSON helpers.
 #![allow(clippy::type_complexity)]
 
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
 use rebound::fallback::{FallbackLayer, Route, Served};
+use rebound::reconcile::{Check, OperationId, ReconcileLayer, Reconciled};
 use rebound::retry::RetryBudget;
-use rebound::{Backoff, Body, Client, ClientBody, ClientBuilder, TimeoutStage};
-use rebound_test::fault::{Action, FaultServer};
+use rebound::{Attempts, Backoff, Body, BoxError, Client, ClientBody, ClientBuilder, TimeoutStage};
+use rebound_test::fault::{refused_addr, Action, FaultServer};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
@@ -264,4 +266,190 @@ async fn fallback_post_json_sends_the_same_body_and_key_to_the_secondary() {
         .header("idempotency-key")
         .expect("the client's key");
     assert_eq!(got[0].header("idempotency-key"), Some(key));
+}
+
+// ===== reconcile =====
+
+/// The status check: `GET {base}/operations/{id}` through `client`,
+/// recording each id it is asked about.
+fn status_check(
+    client: Client,
+    base: String,
+    asked: Arc<Mutex<Vec<String>>>,
+) -> ReconcileLayer<
+    impl tower::Service<
+            OperationId,
+            Response = Check<Response<ClientBody>>,
+            Error = BoxError,
+            Future = impl Future<Output = Result<Check<Response<ClientBody>>, BoxError>> + Send,
+        > + Clone
+        + Send
+        + Sync
+        + 'static,
+> {
+    ReconcileLayer::new(tower::service_fn(move |id: OperationId| {
+        asked.lock().unwrap().push(id.as_str().to_owned());
+        let (client, url) = (client.clone(), format!("{base}/operations/{id}"));
+        async move {
+            let res = client.get(url).await?;
+            Ok::<_, BoxError>(match res.status() {
+                StatusCode::OK => Check::Finished(res),
+                StatusCode::NOT_FOUND => Check::NotFound,
+                _ => Check::Unknown,
+            })
+        }
+    }))
+}
+
+fn order(url: String) -> Request<Body> {
+    Request::post(url)
+        .header("content-type", "application/json")
+        .body(Body::from("{\"item\":1}"))
+        .unwrap()
+}
+
+/// A shop whose every POST /orders is processed and then reset before the
+/// answer (the client would send it three times without a check).
+async fn shop_that_resets() -> FaultServer {
+    FaultServer::builder()
+        .route(
+            "/orders",
+            [Action::reset(), Action::reset(), Action::reset()],
+        )
+        .start()
+        .await
+}
+
+#[tokio::test]
+async fn reconcile_processed_then_reset_asks_the_check_once_and_sends_once() {
+    let shop = shop_that_resets().await;
+    let status = FaultServer::builder()
+        .default(Action::status(200).body("{\"order\":1}"))
+        .start()
+        .await;
+    let asked = Arc::new(Mutex::new(Vec::new()));
+    let check = status_check(fast().build().unwrap(), status.url(""), asked.clone());
+    let client = fast().max_attempts(3).reconcile(check).build().unwrap();
+
+    let res = bounded(client.send(order(shop.url("/orders"))))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let posts = shop.requests_to("/orders");
+    assert_eq!(posts.len(), 1, "created exactly once");
+    let key = posts[0].header("idempotency-key").unwrap().to_owned();
+    assert_eq!(
+        res.extensions().get::<Reconciled>().unwrap().id.as_str(),
+        key,
+        "reconciled by the request's own key"
+    );
+    assert_eq!(Attempts::of(res.extensions()), 1, "no second write");
+    assert_eq!(&body_of(res).await[..], b"{\"order\":1}");
+    assert_eq!(*asked.lock().unwrap(), vec![key.clone()], "asked once");
+    assert_eq!(status.requests_to(&format!("/operations/{key}")).len(), 1);
+}
+
+#[tokio::test]
+async fn reconcile_not_found_lets_the_retry_go_ahead_with_the_same_key() {
+    let shop = FaultServer::builder()
+        .route(
+            "/orders",
+            [Action::reset(), Action::status(201).body("made")],
+        )
+        .start()
+        .await;
+    let status = FaultServer::builder()
+        .default(Action::status(404))
+        .start()
+        .await;
+    let asked = Arc::new(Mutex::new(Vec::new()));
+    let check = status_check(fast().build().unwrap(), status.url(""), asked.clone());
+    let client = fast().reconcile(check).build().unwrap();
+
+    let res = bounded(client.send(order(shop.url("/orders"))))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    assert!(res.extensions().get::<Reconciled>().is_none());
+    assert_eq!(Attempts::of(res.extensions()), 2);
+    let posts = shop.requests_to("/orders");
+    assert_eq!(posts.len(), 2);
+    assert_eq!(
+        posts[0].header("idempotency-key"),
+        posts[1].header("idempotency-key")
+    );
+    assert_eq!(asked.lock().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn reconcile_a_refused_connection_is_retried_without_a_check() {
+    let refused = refused_addr().unwrap();
+    let status = FaultServer::builder().start().await;
+    let asked = Arc::new(Mutex::new(Vec::new()));
+    let check = status_check(fast().build().unwrap(), status.url(""), asked.clone());
+    let client = fast().max_attempts(3).reconcile(check).build().unwrap();
+
+    let err = bounded(client.send(order(format!("http://{refused}/orders"))))
+        .await
+        .unwrap_err();
+    assert!(err.is_connect(), "{err}");
+    assert_eq!(err.attempts(), 3, "retried");
+    assert!(asked.lock().unwrap().is_empty(), "no check");
+    assert_eq!(status.request_count(), 0);
+}
+
+#[tokio::test]
+async fn reconcile_a_check_that_hangs_is_ambiguous_within_its_timeout() {
+    let shop = shop_that_resets().await;
+    let status = FaultServer::builder()
+        .default(Action::never_respond())
+        .start()
+        .await;
+    let asked = Arc::new(Mutex::new(Vec::new()));
+    let check = status_check(fast().build().unwrap(), status.url(""), asked.clone())
+        .check_timeout(Duration::from_millis(300));
+    let client = fast().reconcile(check).build().unwrap();
+
+    let start = Instant::now();
+    let err = bounded(client.send(order(shop.url("/orders"))))
+        .await
+        .unwrap_err();
+    let took = start.elapsed();
+    assert!(err.is_ambiguous(), "{err}");
+    let posts = shop.requests_to("/orders");
+    assert_eq!(posts.len(), 1, "no second write");
+    let key = posts[0].header("idempotency-key").unwrap();
+    assert_eq!(
+        err.extensions().get::<OperationId>().map(|id| id.as_str()),
+        Some(key)
+    );
+    assert!(err.to_string().contains(key), "{err}");
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+    assert_eq!(asked.lock().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn reconcile_post_json_decodes_the_checked_result() {
+    let shop = shop_that_resets().await;
+    let status = FaultServer::builder()
+        .default(Action::status(200).body("{\"id\":8}"))
+        .start()
+        .await;
+    let asked = Arc::new(Mutex::new(Vec::new()));
+    let check = status_check(fast().build().unwrap(), status.url(""), asked.clone());
+    let client = fast().reconcile(check).build().unwrap();
+
+    let order: Order = bounded(client.post_json(shop.url("/orders"), &NewOrder { item: "tea" }))
+        .await
+        .unwrap();
+    assert_eq!(order, Order { id: 8 });
+    let posts = shop.requests_to("/orders");
+    assert_eq!(posts.len(), 1, "created exactly once");
+    assert_eq!(
+        *asked.lock().unwrap(),
+        vec![posts[0].header("idempotency-key").unwrap().to_owned()]
+    );
 }
