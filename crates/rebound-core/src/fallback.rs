@@ -73,7 +73,8 @@
 //! never when the retry loop stopped because the request may not be sent
 //! again ([`RetryStop::NotEligible`]: a write without an idempotency key
 //! that may have been processed — another route would be a second send),
-//! never once the [`Deadline`] has passed, never when the request body
+//! never once the [`Deadline`] has passed or a shutdown has begun (the
+//! task's [`Closing`] signal is closed), never when the request body
 //! cannot be copied ([`ReplayableBody::try_replay`] returns `None`), and
 //! never when the shared [`RetryBudget`] (if given,
 //! [`FallbackLayer::budget`]) refuses: each fallback withdraws one retry.
@@ -122,7 +123,7 @@ use tower::ServiceExt;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::annotations::{Deadline, IdempotencyKey, PermitLease, RetryStop, Verdict};
+use crate::annotations::{Closing, Deadline, IdempotencyKey, PermitLease, RetryStop, Verdict};
 use crate::body::ReplayableBody;
 use crate::error::{BoxError, Error, ErrorKind, TimeoutStage};
 use crate::retry::RetryBudget;
@@ -527,6 +528,11 @@ pub mod future {
                 .is_some_and(|d| tokio::time::Instant::now() >= d)
             {
                 tracing::info!(route = index, host = %route.host, why = "deadline", "fallback refused");
+                break;
+            }
+            // A shutdown has begun: like the retry loop, send nothing new.
+            if Closing::current().is_some_and(|c| c.is_closed()) {
+                tracing::info!(route = index, host = %route.host, why = "closed", "fallback refused");
                 break;
             }
             if let Some(budget) = &layer.budget {

@@ -264,6 +264,27 @@ async fn the_last_outcome_is_let_go_before_the_next_route() {
     assert_eq!(res.extensions().get::<Served>().unwrap().route, 1);
 }
 
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn nothing_new_is_sent_once_a_shutdown_has_begun() {
+    // One attempt, so the loop stops on its own (no wait to cut short),
+    // with a retryable 503, after the shutdown began.
+    let (seen, inner) = server(503);
+    let mut svc = ServiceBuilder::new()
+        .layer(FallbackLayer::new([Route::base_url(
+            "https://secondary.example",
+        )]))
+        .layer(RetryLayer::new(RetryPolicy::default().max_attempts(1)))
+        .layer(ClassifyLayer::new(HttpClassifier::default()))
+        .service(inner);
+    let closing = rebound_core::Closing::new();
+    closing.close();
+    let call = svc.ready().await.unwrap().call(req());
+    let res = closing.scope(call).await.unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(res.extensions().get::<Served>().is_none());
+    assert_eq!(seen.lock().unwrap().len(), 1, "the primary only");
+}
+
 #[test]
 fn an_empty_list_or_a_relative_route_is_rejected() {
     assert!(FallbackLayer::try_new([]).unwrap_err().is_config());
