@@ -298,10 +298,10 @@ type CollectingAttemptStack = SharedStack<Response<CollectedBody>>;
 type CheckFuture<R> = Pin<Box<dyn Future<Output = Result<Check<R>, BoxError>> + Send>>;
 
 /// The status check of [`ClientBuilder::reconcile`], its type erased the
-/// way [`SharedStack`] erases the stack: a clone (one per request that
-/// carries an operation id) is a reference-count bump, and each call drives
-/// a clone of the user's check with [`Oneshot`](tower::util::Oneshot)
-/// (readiness first) in one boxed future.
+/// way [`SharedStack`] erases the stack: a clone (one per attempt of a
+/// request that carries an operation id) is a reference-count bump, and
+/// each call drives a clone of the user's check with
+/// [`Oneshot`](tower::util::Oneshot) (readiness first) in one boxed future.
 pub(crate) struct SharedCheck<R> {
     call: Arc<dyn Fn(OperationId) -> CheckFuture<R> + Send + Sync>,
 }
