@@ -42,9 +42,26 @@
 //!
 //! **Above** the retry loop (below the deadline): the primary gets its
 //! whole retry loop first, and each route gets its own, all bounded by the
-//! caller's deadline. Around `rebound::Client`, which is a
-//! `tower::Service`, stack it directly:
-//! `ServiceBuilder::new().layer(FallbackLayer::new(routes)).service(client)`.
+//! caller's deadline.
+//!
+//! **With `rebound::Client`**, give the layer to the builder:
+//! `Client::builder().fallback(FallbackLayer::new(routes))`. The client puts
+//! it, in both of its stacks (`send` and the JSON helpers), below its
+//! deadline (the total timeout, or the caller's deadline if earlier), its
+//! concurrency limit and its idempotency-key layer, and above its retry
+//! loop; and it charges fallbacks to the client's retry budget unless
+//! [`budget`](FallbackLayer::budget) gave the layer one. So the whole chain
+//! ends by one deadline, the logical request keeps its one concurrency
+//! permit, and every route carries the primary's `Idempotency-Key` (a
+//! route to the same service can then recognise a write the primary may
+//! have done). Stacked *around* a client instead, each route would get a
+//! fresh total timeout and no shared budget.
+//!
+//! **On a stack of your own**, in the same order:
+//! `DeadlineLayer → ConcurrencyLimitLayer → IdempotencyKeyLayer →
+//! FallbackLayer → RetryLayer → … → ClassifyLayer → service`, with
+//! `.budget(Arc::clone(retry_layer.policy().get_budget()))` to share the
+//! retry loop's budget.
 //!
 //! # When it falls back
 //!
@@ -53,7 +70,11 @@
 //! a 5xx/429 left over), or an error of kind [`ErrorKind::CircuitOpen`],
 //! [`ErrorKind::Connect`] or a timeout other than the deadline. Never after
 //! a fatal outcome (a 400, 401, 403, 404 or 422 is fatal by the classifier),
-//! never once the [`Deadline`] has passed, never when the request body
+//! never when the retry loop stopped because the request may not be sent
+//! again ([`RetryStop::NotEligible`]: a write without an idempotency key
+//! that may have been processed — another route would be a second send),
+//! never once the [`Deadline`] has passed or a shutdown has begun (the
+//! task's [`Closing`] signal is closed), never when the request body
 //! cannot be copied ([`ReplayableBody::try_replay`] returns `None`), and
 //! never when the shared [`RetryBudget`] (if given,
 //! [`FallbackLayer::budget`]) refuses: each fallback withdraws one retry.
@@ -69,9 +90,11 @@
 //! not cross hosts by accident: the headers named by
 //! [`FallbackLayer::strip_headers`] (`Authorization` by default) are
 //! removed before the rewrite runs, so the alternate route receives one
-//! only if its rewrite sets it. Only the [`Deadline`] and
-//! [`IdempotencyKey`] annotations are carried to an alternate route (not
-//! the request's whole extension map).
+//! only if its rewrite sets it. Only the [`Deadline`], [`IdempotencyKey`]
+//! and [`PermitLease`] annotations are carried to an alternate route (not
+//! the request's whole extension map), and the previous route's outcome is
+//! dropped before the next route is called (so what it holds — its
+//! connection, a permit in its body — is not held across that call).
 //!
 //! The response (or error) of an alternate route carries a [`Served`]
 //! annotation with the route's index (1 for the first alternate; no
@@ -100,7 +123,7 @@ use tower::ServiceExt;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::annotations::{Deadline, IdempotencyKey, Verdict};
+use crate::annotations::{Closing, Deadline, IdempotencyKey, PermitLease, RetryStop, Verdict};
 use crate::body::ReplayableBody;
 use crate::error::{BoxError, Error, ErrorKind, TimeoutStage};
 use crate::retry::RetryBudget;
@@ -260,10 +283,16 @@ impl FallbackLayer {
     }
 
     /// Charge each fallback to this retry budget (the one the retry layer
-    /// uses, so that fallbacks and retries share one bound). Default: none.
+    /// uses, so that fallbacks and retries share one bound). Default: none
+    /// (with the ready-made client: the client's retry budget).
     pub fn budget(mut self, budget: Arc<RetryBudget>) -> Self {
         self.budget = Some(budget);
         self
+    }
+
+    /// Whether a budget was given (see [`budget`](Self::budget)).
+    pub fn has_budget(&self) -> bool {
+        self.budget.is_some()
     }
 }
 
@@ -315,6 +344,12 @@ fn may_fall_back<R>(outcome: &Result<Response<R>, Error>) -> bool {
         Ok(res) => res.extensions(),
         Err(e) => e.extensions(),
     };
+    // The retry loop found the request unsafe to send again (a write with
+    // no idempotency key that may have been processed): another route is
+    // sending it again too.
+    if ext.get::<RetryStop>() == Some(&RetryStop::NotEligible) {
+        return false;
+    }
     match ext.get::<Verdict>() {
         Some(Verdict::Retryable { .. }) => return true,
         // Fatal for the retry loop, but a reason to try another route: an
@@ -340,6 +375,7 @@ struct Head {
     headers: HeaderMap,
     deadline: Option<tokio::time::Instant>,
     key: Option<IdempotencyKey>,
+    lease: Option<PermitLease>,
 }
 
 impl<S, B, ResB> Service<Request<B>> for Fallback<S>
@@ -371,6 +407,7 @@ where
                 headers: req.headers().clone(),
                 deadline: Deadline::of(req.extensions()),
                 key: req.extensions().get::<IdempotencyKey>().cloned(),
+                lease: req.extensions().get::<PermitLease>().cloned(),
             };
             future::Saved {
                 head,
@@ -493,6 +530,11 @@ pub mod future {
                 tracing::info!(route = index, host = %route.host, why = "deadline", "fallback refused");
                 break;
             }
+            // A shutdown has begun: like the retry loop, send nothing new.
+            if Closing::current().is_some_and(|c| c.is_closed()) {
+                tracing::info!(route = index, host = %route.host, why = "closed", "fallback refused");
+                break;
+            }
             if let Some(budget) = &layer.budget {
                 if !budget.try_withdraw() {
                     tracing::info!(route = index, host = %route.host, why = "budget", "fallback refused");
@@ -518,11 +560,18 @@ pub mod future {
             if let Some(k) = &head.key {
                 req.extensions_mut().insert(k.clone());
             }
+            if let Some(lease) = &head.lease {
+                req.extensions_mut().insert(lease.clone());
+            }
             let (mut parts, b) = req.into_parts();
             if let Err(e) = route.apply(&mut parts, &layer.strip) {
                 return Err(e.with_request(&head.method, &head.uri));
             }
             let req = Request::from_parts(parts, b);
+            // This route's outcome replaces the last one: let go of it now,
+            // not after this route's call (its connection; and the permit
+            // its body holds, were a concurrency limit stacked below us).
+            drop(outcome);
             tracing::info!(route = index, host = %route.host, "fallback");
             let call = async {
                 let ready: Result<&mut S, BoxError> = svc.ready().await.map_err(Into::into);

@@ -65,9 +65,23 @@
 //! the retry loop decides on the next attempt, which is exactly "after an
 //! outcome that is retryable but maybe processed, and before the next
 //! attempt". It never repeats anything itself (DESIGN §1.4, one loop).
-//! Around `rebound::Client` (which has its own retry loop), stack it as
-//! `RetryLayer → ReconcileLayer → Client` with the client's own
-//! `max_attempts(1)`, so that the outer loop does the retries.
+//!
+//! **With `rebound::Client`**, give the layer to the builder:
+//! `Client::builder().reconcile(ReconcileLayer::new(check))`. The client
+//! puts it, in both of its stacks (`send` and the JSON helpers), below its
+//! retry loop and its hedge and above its per-attempt layers (attempt
+//! span, backoff, gate, circuit breaker, adaptive limit, classifier), so
+//! those see the attempt as it was; its own retry loop does the retries.
+//! For the client, `Check::Finished` carries a `Response<ClientBody>` —
+//! what a rebound client returns for the status endpoint — and the client
+//! fits it to each stack (the JSON helpers read its body inside the check's
+//! timeout). The id is the `Idempotency-Key` the client gives every POST
+//! and PATCH.
+//!
+//! **On a stack of your own**, or around a client built with
+//! `max_attempts(1)`: `RetryLayer → ReconcileLayer → ClassifyLayer →
+//! service`. [`map_check`](ReconcileLayer::map_check) changes the check
+//! (e.g. erases its type) and keeps the settings.
 //!
 //! # What it does
 //!
@@ -270,6 +284,19 @@ impl<C> ReconcileLayer<C> {
     pub fn retry_when_ambiguous(mut self, yes: bool) -> Self {
         self.retry_when_ambiguous = yes;
         self
+    }
+
+    /// The same layer (timeout, id source, ambiguity rule) with its check
+    /// replaced by `f(check)`: to erase the check's type, or to adapt the
+    /// body of the responses it returns. `rebound::ClientBuilder::reconcile`
+    /// uses it to fit one check to both of the client's stacks.
+    pub fn map_check<D>(self, f: impl FnOnce(C) -> D) -> ReconcileLayer<D> {
+        ReconcileLayer {
+            check: f(self.check),
+            timeout: self.timeout,
+            retry_when_ambiguous: self.retry_when_ambiguous,
+            id: self.id,
+        }
     }
 
     /// Where the operation id comes from, instead of the `Idempotency-Key`

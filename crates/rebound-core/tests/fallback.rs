@@ -213,6 +213,78 @@ async fn no_fallback_once_the_deadline_has_passed() {
         .all(|s| s.uri.contains("primary.example")));
 }
 
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn never_for_a_write_the_loop_may_not_send_again() {
+    // A POST without an idempotency key got a 503 (maybe processed): the
+    // retry loop stops (`NotEligible`), and so must the fallback.
+    let (seen, inner) = server(503);
+    let mut svc = stack!(
+        FallbackLayer::new([Route::base_url("https://secondary.example")]),
+        inner
+    );
+    let mut r = req();
+    r.headers_mut().remove("idempotency-key");
+    let res = svc.ready().await.unwrap().call(r).await.unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        res.extensions().get::<RetryStop>(),
+        Some(&RetryStop::NotEligible)
+    );
+    assert!(res.extensions().get::<Served>().is_none());
+    assert_eq!(seen.lock().unwrap().len(), 1, "sent once, nowhere else");
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_last_outcome_is_let_go_before_the_next_route() {
+    // A concurrency limit of one below the fallback: the primary's 503
+    // body holds the only permit until it is dropped, so a fallback that
+    // kept it across the secondary's call would wait for ever.
+    let inner = tower::service_fn(|req: Request<B>| async move {
+        let primary = req.uri().host() == Some("primary.example");
+        let mut res = Response::new(Full::new(Bytes::from_static(b"busy")));
+        if primary {
+            *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+        }
+        Ok::<_, BoxError>(res)
+    });
+    let mut svc = ServiceBuilder::new()
+        .layer(FallbackLayer::new([Route::base_url(
+            "https://secondary.example",
+        )]))
+        .layer(rebound_core::limit::ConcurrencyLimitLayer::new(1))
+        .layer(RetryLayer::new(RetryPolicy::default().max_attempts(1)))
+        .layer(ClassifyLayer::new(HttpClassifier::default()))
+        .service(inner);
+    let call = svc.ready().await.unwrap().call(req());
+    let res = tokio::time::timeout(Duration::from_secs(60), call)
+        .await
+        .expect("the secondary got the permit")
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(res.extensions().get::<Served>().unwrap().route, 1);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn nothing_new_is_sent_once_a_shutdown_has_begun() {
+    // One attempt, so the loop stops on its own (no wait to cut short),
+    // with a retryable 503, after the shutdown began.
+    let (seen, inner) = server(503);
+    let mut svc = ServiceBuilder::new()
+        .layer(FallbackLayer::new([Route::base_url(
+            "https://secondary.example",
+        )]))
+        .layer(RetryLayer::new(RetryPolicy::default().max_attempts(1)))
+        .layer(ClassifyLayer::new(HttpClassifier::default()))
+        .service(inner);
+    let closing = rebound_core::Closing::new();
+    closing.close();
+    let call = svc.ready().await.unwrap().call(req());
+    let res = closing.scope(call).await.unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(res.extensions().get::<Served>().is_none());
+    assert_eq!(seen.lock().unwrap().len(), 1, "the primary only");
+}
+
 #[test]
 fn an_empty_list_or_a_relative_route_is_rejected() {
     assert!(FallbackLayer::try_new([]).unwrap_err().is_config());

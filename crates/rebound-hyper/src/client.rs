@@ -41,9 +41,11 @@
 //! | [`RetryAfterGateLayer`] (holding) | new requests to a host whose gate is closed wait here, holding no permit | [`retry_after_gate`](ClientBuilder::retry_after_gate) |
 //! | [`ConcurrencyLimitLayer`] | logical requests in flight, held until the body ends | [`concurrency_limit`](ClientBuilder::concurrency_limit) |
 //! | [`IdempotencyKeyLayer`] | POST/PATCH get an `Idempotency-Key` once | [`idempotency_keys`](ClientBuilder::idempotency_keys) |
+//! | [`FallbackLayer`] | **off by default**; on, a request whose retry loop ends in a retryable failure goes to the next listed route (its own retry loop, the same key and permit, `Authorization` stripped), all within the one deadline; fallbacks spend the retry budget | [`fallback`](ClientBuilder::fallback) |
 //! | [`MarkRetryableLayer`] (only when configured) | gRPC calls to methods declared safe are eligible for retry | [`grpc_retryable_methods`](ClientBuilder::grpc_retryable_methods) |
 //! | [`RetryLayer`] | the only loop; budget shared by all clones | [`max_attempts`](ClientBuilder::max_attempts), [`retry_budget`](ClientBuilder::retry_budget), [`retry_methods`](ClientBuilder::retry_methods) |
 //! | [`HedgeLayer`] | **off by default**; on, a first attempt with no answer after a delay gets a copy, the first acceptable answer wins, the other is cancelled; hedges spend the retry budget, and a hedged request is not retried | [`hedge`](ClientBuilder::hedge) |
+//! | [`ReconcileLayer`] | **off by default**; on, an attempt of a write with an operation id (its `Idempotency-Key`) that ends maybe processed asks the status check before the loop sends it again: finished → its response, not found → retry, unknown → an `ambiguous` error | [`reconcile`](ClientBuilder::reconcile) |
 //! | [`AttemptTraceLayer`](rebound_core::trace::AttemptTraceLayer) | one child span per attempt | with `trace` |
 //! | [`PropagateDeadlineLayer`] (only when configured) | the time left, per attempt, as `grpc-timeout` and / or a budget header | [`propagate_grpc_timeout`](ClientBuilder::propagate_grpc_timeout), [`deadline_header`](ClientBuilder::deadline_header) |
 //! | [`BackoffLayer`] | proposes the delay; Retry-After wins | [`backoff`](ClientBuilder::backoff) |
@@ -66,7 +68,9 @@
 //! (a limit no one reaches, an empty method set, a gate in
 //! [`GateMode::Off`] that costs one branch), so the client has one shape
 //! whatever its configuration; the circuit breaker, when off, is left out
-//! (an `Either` branch).
+//! (an `Either` branch), and so are the two gRPC layers when not
+//! configured and the [fallback](ClientBuilder::fallback) and
+//! [reconcile](ClientBuilder::reconcile) layers when not set.
 //!
 //! # Faults stay with their host
 //!
@@ -128,18 +132,20 @@ use tower::util::option_layer;
 use crate::classifier::{AnyClassifier, ClientClassifier};
 use rebound_core::collect::{CollectBodyLayer, CollectedBody};
 use rebound_core::deadline::{DeadlineBody, DeadlineLayer};
+use rebound_core::fallback::FallbackLayer;
 use rebound_core::gate::{GateMode, GateTable, RetryAfterGateLayer};
 use rebound_core::hedge::{HedgeLayer, HedgePolicy};
 use rebound_core::idempotency::IdempotencyKeyLayer;
 use rebound_core::limit::{
     AdaptiveLimitLayer, AdaptiveLimiter, Aimd, ConcurrencyLimitLayer, ConcurrencyLimiter, LimitBody,
 };
+use rebound_core::reconcile::{Check, OperationId, ReconcileLayer};
 use rebound_core::redact::PathRedaction;
 use rebound_core::retry::{RetryBudget, RetryLayer, RetryPolicy};
 use rebound_core::retry_after::{OverCap, RetryAfterLayer};
 use rebound_core::shutdown::{ShutdownHandle, ShutdownLayer, ShutdownReport};
 use rebound_core::trace::{TraceBody, TraceLayer};
-use rebound_core::{Error, ErrorKind, Sent};
+use rebound_core::{BoxError, Error, ErrorKind, Sent};
 use rustls::ClientConfig;
 use tokio::sync::Semaphore;
 use tower::ServiceExt;
@@ -288,6 +294,124 @@ pub(crate) type CollectingStack = SharedStack<Response<CollectingBody>>;
 /// The per-attempt part of the collecting stack, erased likewise.
 type CollectingAttemptStack = SharedStack<Response<CollectedBody>>;
 
+/// The future of one call of a [`SharedCheck`].
+type CheckFuture<R> = Pin<Box<dyn Future<Output = Result<Check<R>, BoxError>> + Send>>;
+
+/// The status check of [`ClientBuilder::reconcile`], its type erased the
+/// way [`SharedStack`] erases the stack: a clone (one per attempt of a
+/// request that carries an operation id) is a reference-count bump, and
+/// each call drives a clone of the user's check with
+/// [`Oneshot`](tower::util::Oneshot) (readiness first) in one boxed future.
+pub(crate) struct SharedCheck<R> {
+    call: Arc<dyn Fn(OperationId) -> CheckFuture<R> + Send + Sync>,
+}
+
+impl<R> Clone for SharedCheck<R> {
+    fn clone(&self) -> Self {
+        SharedCheck {
+            call: Arc::clone(&self.call),
+        }
+    }
+}
+
+impl<R> fmt::Debug for SharedCheck<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedCheck").finish_non_exhaustive()
+    }
+}
+
+impl<R> Service<OperationId> for SharedCheck<R> {
+    type Response = Check<R>;
+    type Error = BoxError;
+    type Future = CheckFuture<R>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, id: OperationId) -> Self::Future {
+        (self.call)(id)
+    }
+}
+
+/// `check`'s verdict with its response's body changed by `f`.
+fn map_finished<R, T>(check: Check<R>, f: impl FnOnce(R) -> T) -> Check<T> {
+    match check {
+        Check::Finished(res) => Check::Finished(f(res)),
+        Check::NotFound => Check::NotFound,
+        Check::Unknown => Check::Unknown,
+    }
+}
+
+impl SharedCheck<Response<ClientBody>> {
+    /// The user's check, erased.
+    fn of<C>(check: C) -> Self
+    where
+        C: Service<OperationId, Response = Check<Response<ClientBody>>>
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        C::Error: Into<BoxError>,
+        C::Future: Send + 'static,
+    {
+        SharedCheck {
+            call: Arc::new(move |id| {
+                let check = check.clone();
+                Box::pin(async move { check.oneshot(id).await.map_err(Into::into) })
+            }),
+        }
+    }
+
+    /// For [`Client::send`]'s stack: the check's response with its body
+    /// unwrapped to the transport's. The check's own permit, deadline and
+    /// trace wrappers go; the request being reconciled puts its own around
+    /// it on the way up (its permit, its deadline, its span).
+    fn streaming(&self) -> SharedCheck<Response<ResponseBody<Incoming>>> {
+        let inner = self.clone();
+        SharedCheck {
+            call: Arc::new(move |id| {
+                let checked = (inner.call)(id);
+                Box::pin(async move {
+                    Ok(map_finished(checked.await?, |res| {
+                        res.map(|body| body.into_inner().into_inner().into_inner())
+                    }))
+                })
+            }),
+        }
+    }
+
+    /// For the JSON helpers' stack: the check's response with its body read
+    /// (at most `max_bytes`, else the check failed), inside the check's
+    /// timeout.
+    fn collecting(&self, max_bytes: usize) -> SharedCheck<Response<CollectedBody>> {
+        let inner = self.clone();
+        SharedCheck {
+            call: Arc::new(move |id| {
+                let checked = (inner.call)(id);
+                Box::pin(async move {
+                    match checked.await? {
+                        Check::Finished(res) => {
+                            let (parts, body) = res.into_parts();
+                            let bytes = http_body_util::BodyExt::collect(
+                                http_body_util::Limited::new(body, max_bytes),
+                            )
+                            .await?
+                            .to_bytes();
+                            Ok(Check::Finished(Response::from_parts(
+                                parts,
+                                CollectedBody::new(bytes),
+                            )))
+                        }
+                        Check::NotFound => Ok(Check::NotFound),
+                        Check::Unknown => Ok(Check::Unknown),
+                    }
+                })
+            }),
+        }
+    }
+}
+
 // ===== impl ClientBuilder =====
 
 /// Builds a [`Client`]; see the [module docs](self). Values are checked by
@@ -324,6 +448,8 @@ pub struct ClientBuilder {
     breaker: Option<Option<CircuitBreakerLayer>>,
     idempotency: bool,
     hedge: HedgePolicy,
+    fallback: Option<FallbackLayer>,
+    reconcile: Option<ReconcileLayer<SharedCheck<Response<ClientBody>>>>,
     replay_cap: usize,
     max_response_body: usize,
     trace: TraceLayer,
@@ -358,6 +484,8 @@ impl Default for ClientBuilder {
             breaker: None,
             idempotency: true,
             hedge: HedgePolicy::off(),
+            fallback: None,
+            reconcile: None,
             replay_cap: DEFAULT_REPLAY_BUFFER_CAP,
             max_response_body: DEFAULT_MAX_RESPONSE_BODY,
             trace: TraceLayer::new(),
@@ -688,6 +816,112 @@ impl ClientBuilder {
         self
     }
 
+    /// Fall back to the alternate [`Route`](rebound_core::fallback::Route)s
+    /// of `layer` when a request's retry loop ends in a retryable failure
+    /// (see [`rebound_core::fallback`]: only then, only to the routes
+    /// listed, `Authorization` stripped, the response marked with
+    /// [`Served`](rebound_core::fallback::Served)); `None` takes it out.
+    /// Default: `None`, and then it is not in the stack at all (an `Either`
+    /// branch): a request pays nothing for it.
+    ///
+    /// Where it sits, and why:
+    ///
+    /// * **Below the [total timeout](Self::total_timeout)** (and a caller's
+    ///   deadline): the whole chain, primary and routes, ends by the one
+    ///   deadline. A route is asked only while time is left, and is cut at
+    ///   the deadline; a primary that uses the whole budget leaves no
+    ///   fallback.
+    /// * **Above the retry loop**: the primary gets its whole retry loop,
+    ///   then each route its own, with the client's attempt timeout,
+    ///   backoff, breaker and limits. Each fallback spends one retry of the
+    ///   client's [retry budget](Self::retry_budget) (the same bound as
+    ///   retries and hedges), unless `layer` has a
+    ///   [budget](FallbackLayer::budget) of its own.
+    /// * **Below the concurrency limit**: one logical request holds one
+    ///   permit across its routes, as across its retries; a fallback does
+    ///   not queue again behind new requests.
+    /// * **Below the idempotency-key layer**: every route gets the **same**
+    ///   `Idempotency-Key` as the primary. The primary may have done the
+    ///   write before its answer was lost (a 503 from a proxy, a reset); an
+    ///   alternate route to the same service (another region over one
+    ///   idempotency store) then recognises the repeat, where a new key
+    ///   would make it a second write. A route to another service sees a
+    ///   key it never saw, which costs nothing (a key is not a secret; a
+    ///   route's rewrite may replace it). A write with no key (with
+    ///   [`idempotency_keys(false)`](Self::idempotency_keys)) that may have
+    ///   been processed is not retried, and not sent to another route
+    ///   either.
+    /// * The holding Retry-After gate, above the limit, sees the primary's
+    ///   host; a route's host whose gate is closed is held (or failed fast)
+    ///   by the gate below the retry loop, as a retry to it would be.
+    ///
+    /// The request body is sent again from the copy the retry loop keeps:
+    /// in memory, or a stream within the
+    /// [`replay_buffer_cap`](Self::replay_buffer_cap); a longer stream is
+    /// not sent to another route.
+    pub fn fallback(mut self, layer: impl Into<Option<FallbackLayer>>) -> Self {
+        self.fallback = layer.into();
+        self
+    }
+
+    /// Reconcile an ambiguous write before it is sent again (see
+    /// [`rebound_core::reconcile`]): when an attempt of a request that
+    /// carries an operation id (by default its `Idempotency-Key`, which
+    /// this client gives every POST and PATCH) ends retryable but maybe
+    /// processed — a reset after the request was written, a 502, 503 or
+    /// 504, a timeout — the check of `layer` is asked for the operation's
+    /// state, with `layer`'s [check
+    /// timeout](ReconcileLayer::check_timeout) (5 s) and within the
+    /// deadline, before the retry loop decides:
+    ///
+    /// * [`Check::Finished`]`(response)`: the caller gets that response,
+    ///   marked [`Reconciled`](rebound_core::reconcile::Reconciled), and
+    ///   nothing is sent again;
+    /// * [`Check::NotFound`]: the retry goes ahead, with the same key;
+    /// * [`Check::Unknown`], a failed check, or one over its timeout: an
+    ///   [`ErrorKind::Ambiguous`] error that carries the [`OperationId`]
+    ///   (unless [`retry_when_ambiguous`](ReconcileLayer::retry_when_ambiguous)).
+    ///
+    /// A request that was never sent (a refused connection) is retried
+    /// with no check; one without an operation id is never checked.
+    ///
+    /// The check is any `tower::Service<OperationId>` (e.g.
+    /// `tower::service_fn`; `Clone + Send + Sync`, cloned per check) whose
+    /// [`Check::Finished`] carries a `Response<`[`ClientBody`]`>`: the
+    /// answer of the status endpoint (`GET /operations/{id}`) as another
+    /// rebound [`Client`] returns it. That is the body type the client can
+    /// hand on: from [`send`](Client::send), the caller gets the check's
+    /// response with its transport body, under this request's permit,
+    /// deadline and span (the check client's own wrappers are taken off);
+    /// from the JSON helpers, its body is read inside the check's timeout
+    /// (at most [`max_response_body`](Self::max_response_body), else the
+    /// check failed) and decoded as the helper's `T`. A check that learns
+    /// the outcome some other way can still answer `NotFound` or `Unknown`.
+    ///
+    /// It sits below the retry loop and the hedge (the check comes after an
+    /// attempt's outcome and before the loop's decision; it never repeats
+    /// anything) and above every per-attempt layer — the attempt span, the
+    /// backoff, the gate, the circuit breaker, the adaptive limit and the
+    /// classifier — in both stacks: they see the attempt as it was (a reset
+    /// stays a failure for the breaker and the limits), and the check runs
+    /// after the attempt has given back its adaptive-limit permit.
+    ///
+    /// Default: none, and then it is not in the stack at all (an `Either`
+    /// branch): a request pays nothing for it.
+    pub fn reconcile<C>(mut self, layer: ReconcileLayer<C>) -> Self
+    where
+        C: Service<OperationId, Response = Check<Response<ClientBody>>>
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        C::Error: Into<BoxError>,
+        C::Future: Send + 'static,
+    {
+        self.reconcile = Some(layer.map_check(SharedCheck::of));
+        self
+    }
+
     /// How many bytes of a streamed request body are kept so that it can be
     /// sent again: a stream of at most this many bytes is retried like an
     /// in-memory body, a longer one is sent once and not retried
@@ -886,6 +1120,27 @@ impl ClientBuilder {
             self.hedge.budget(Arc::clone(retry.policy().get_budget()))
         };
         let hedge = HedgeLayer::try_new(hedge)?;
+        // Off: not in the stack at all (the `Identity` side of an `Either`).
+        let fallback = option_layer(self.fallback.map(|layer| {
+            if layer.has_budget() {
+                layer
+            } else {
+                layer.budget(Arc::clone(retry.policy().get_budget()))
+            }
+        }));
+        // One check, fitted to each stack's response body.
+        let (reconcile, collecting_reconcile) = match self.reconcile {
+            Some(layer) => {
+                let max = self.max_response_body;
+                (
+                    Some(layer.clone().map_check(|check| check.streaming())),
+                    Some(layer.map_check(|check| check.collecting(max))),
+                )
+            }
+            None => (None, None),
+        };
+        let reconcile = option_layer(reconcile);
+        let collecting_reconcile = option_layer(collecting_reconcile);
 
         let retry_after = RetryAfterLayer::new()
             .try_max_delay(self.retry_after_cap)?
@@ -956,16 +1211,11 @@ impl ClientBuilder {
         // Shutdown right under the request span (which then records a
         // refused or cut request), above everything that waits.
         let closes = ShutdownLayer::new(&shutdown);
-        let stack =
-            trace.layer(closes.layer(CancelLayer::new().layer(
-                deadline.layer(
-                    hold.layer(
-                        concurrency.layer(
-                            idempotency.layer(mark.layer(retry.layer(hedge.layer(attempts)))),
-                        ),
-                    ),
-                ),
-            )));
+        let stack = trace.layer(closes.layer(CancelLayer::new().layer(deadline.layer(
+            hold.layer(concurrency.layer(idempotency.layer(
+                fallback.layer(mark.layer(retry.layer(hedge.layer(reconcile.layer(attempts))))),
+            ))),
+        ))));
 
         // The JSON helpers' stack: the very same layer values (their state is
         // behind `Arc`s, so both stacks share the pool, budget, limiters and
@@ -981,9 +1231,11 @@ impl ClientBuilder {
             ))),
         ));
         let collecting = trace.layer(closes.layer(CancelLayer::new().layer(deadline.layer(
-            hold.layer(concurrency.layer(
-                idempotency.layer(mark.layer(retry.layer(hedge.layer(collecting_attempts)))),
-            )),
+            hold.layer(
+                concurrency.layer(idempotency.layer(fallback.layer(mark.layer(
+                    retry.layer(hedge.layer(collecting_reconcile.layer(collecting_attempts))),
+                )))),
+            ),
         ))));
         Ok(Client {
             inner: Stack::new(stack),
