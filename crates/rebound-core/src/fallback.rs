@@ -517,7 +517,9 @@ pub mod future {
             svc,
         } = saved;
         let mut svc = svc.expect("set with the saved head");
-        let mut body = Some(body);
+        // `body` is a template, never sent itself: each route gets a copy
+        // made when it is tried, and only one known to be sent whole (the
+        // primary may have streamed the body past its replay cap).
         for (i, route) in layer.routes.iter().enumerate() {
             let index = i + 1;
             if !may_fall_back(&outcome) {
@@ -535,20 +537,17 @@ pub mod future {
                 tracing::info!(route = index, host = %route.host, why = "closed", "fallback refused");
                 break;
             }
+            // Before the budget: a refusal here costs no token.
+            let Some(this_body) = body.try_replay_whole() else {
+                tracing::info!(route = index, host = %route.host, why = "body", "fallback refused");
+                break;
+            };
             if let Some(budget) = &layer.budget {
                 if !budget.try_withdraw() {
                     tracing::info!(route = index, host = %route.host, why = "budget", "fallback refused");
                     break;
                 }
             }
-            // A copy for this route, and one kept for the next.
-            let this_body = match body.take() {
-                Some(b) => {
-                    body = b.try_replay();
-                    b
-                }
-                None => break,
-            };
             let mut req = Request::new(this_body);
             *req.method_mut() = head.method.clone();
             *req.uri_mut() = head.uri.clone();

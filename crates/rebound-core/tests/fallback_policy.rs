@@ -5,11 +5,8 @@
 //! budget refuses (one token per fallback); never once the deadline has
 //! passed. Each "never" test has a control that falls back when the one
 //! condition it tests is lifted, so it cannot pass by not falling back at
-//! all.
-//!
-//! One test is `#[ignore]`d: it shows a bug of `fallback.rs` (a body that
-//! passed its replay cap during the primary's attempt is still sent to
-//! route 1); run it with `--ignored` once that is fixed.
+//! all. A body that passed its replay cap during the primary's attempt is
+//! never sent to an alternate route (it would go out truncated).
 #![cfg(all(feature = "fallback", feature = "retry", feature = "breaker"))]
 #![allow(clippy::type_complexity)]
 
@@ -302,8 +299,6 @@ where
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
-#[ignore = "BUG in fallback.rs (owned elsewhere): the body copy saved at call time \
-            is sent to route 1 after the primary's attempt passed the replay cap"]
 async fn a_body_that_passed_its_cap_during_the_primary_never_falls_back() {
     // Without a retry layer, and with one (the POST's 503 is not eligible
     // for a retry, so its verdict stays retryable), as in the ready-made
@@ -314,14 +309,8 @@ async fn a_body_that_passed_its_cap_during_the_primary_never_falls_back() {
         .layer(ClassifyLayer::new(HttpClassifier::default()))
         .service(inner);
     let out = send_past_the_cap(bare, &seen).await;
-    // BUG (fallback.rs): route 1 receives the request, with a body that
-    // fails at its first byte (`NotReplayable`: its chunks were dropped at
-    // the cap), and the caller gets route 1's outcome marked
-    // `Served { route: 1 }` instead of the primary's 503. On a real
-    // transport that is a truncated request sent to the alternate host.
-    // Proposed fix: keep the copy saved in `call` as a template only, and
-    // give each route `template.try_replay_whole()`, refusing the fallback
-    // on `None` (before the budget, so a refusal costs no token).
+    // Route 1 would get a body that fails at its first byte (its chunks
+    // were dropped at the cap): a truncated request on a real transport.
     assert_eq!(
         seen.bodies_to("secondary.example"),
         [],
@@ -337,7 +326,7 @@ async fn a_body_that_passed_its_cap_during_the_primary_never_falls_back() {
         .layer(ClassifyLayer::new(HttpClassifier::default()))
         .service(inner);
     let out = send_past_the_cap(retried, &seen).await;
-    // BUG (fallback.rs), as above.
+    // The same with the retry loop between.
     assert_eq!(
         seen.bodies_to("secondary.example"),
         [],
