@@ -32,7 +32,6 @@ use rebound::fallback::{FallbackLayer, Route, Served};
 use rebound::hedge::HedgePolicy;
 use rebound::rebound_hyper::ClientBody;
 use rebound::reconcile::{Check, OperationId, ReconcileLayer, Reconciled};
-use rebound::retry::{RetryLayer, RetryPolicy};
 use rebound::{
     Attempts, Backoff, Body, BoxError, Client, ClientBuilder, Hedged, RetryBudget, RetryStop,
     TlsRoots,
@@ -40,7 +39,6 @@ use rebound::{
 use rebound_test::capture::Capture;
 use rebound_test::fault::{refused_addr, Action, ConnectionAction, FaultServer};
 use tokio::time::Instant;
-use tower::{ServiceBuilder, ServiceExt};
 use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::layer::SubscriberExt;
 
@@ -476,16 +474,16 @@ async fn tour() {
             })
         }
     });
-    let reconciling = ServiceBuilder::new()
-        .layer(RetryLayer::new(RetryPolicy::default().max_attempts(3)))
-        .layer(ReconcileLayer::new(check).check_timeout(Duration::from_secs(1)))
-        .service(client(builder(&roots).max_attempts(1)));
+    // The client's own option: the check runs inside its retry loop.
+    let reconciling = client(
+        builder(&roots).reconcile(ReconcileLayer::new(check).check_timeout(Duration::from_secs(1))),
+    );
     let mut req = request(Method::POST, &server.url(""), "/transfers", "tour-11");
     req.headers_mut()
         .insert("idempotency-key", http::HeaderValue::from_static("tour-11"));
     t.capture.clear();
     let start = Instant::now();
-    let out = ServiceExt::<Request<Body>>::oneshot(reconciling, req).await;
+    let out = reconciling.send(req).await;
     t.record("reconcile: POST reset after processing", start, out)
         .await;
     assert_eq!(server.requests_to("/transfers").len(), 1, "one transfer");
@@ -497,21 +495,18 @@ async fn tour() {
         .start()
         .await;
     server.route("/chat", std::iter::repeat_n(Action::status(503), 3));
-    let falling = ServiceBuilder::new()
-        .layer(
-            FallbackLayer::new([Route::base_url(&secondary.url(""))]).strip_headers([
-                http::header::AUTHORIZATION,
-                http::HeaderName::from_static("x-api-key"),
-            ]),
-        )
-        .service(client(builder(&roots).circuit_breaker(None)));
+    // The client's own option: within its one deadline and retry budget.
+    let falling = client(builder(&roots).circuit_breaker(None).fallback(
+        FallbackLayer::new([Route::base_url(&secondary.url(""))]).strip_headers([
+            http::header::AUTHORIZATION,
+            http::HeaderName::from_static("x-api-key"),
+        ]),
+    ));
     t.capture.clear();
     let start = Instant::now();
-    let out = ServiceExt::<Request<Body>>::oneshot(
-        falling,
-        request(Method::GET, &server.url(""), "/chat", "tour-12"),
-    )
-    .await;
+    let out = falling
+        .send(request(Method::GET, &server.url(""), "/chat", "tour-12"))
+        .await;
     t.record("fallback: primary 503 x 3, secondary", start, out)
         .await;
     let got = secondary.requests();
