@@ -633,6 +633,11 @@ pub fn name_looks_secret(name: &HeaderName) -> bool {
     })
 }
 
+/// Up to this many names that the name rule does not catch,
+/// [`HeaderDenyList::mark_sensitive`] compares each header with them
+/// instead of looking each of them up.
+const COMPARED_NAMES: usize = 4;
+
 /// Headers whose values are never recorded and which are marked
 /// [sensitive](http::HeaderValue::set_sensitive), so `Debug` of a request or
 /// response prints `Sensitive` instead of the value, and HTTP/2 never
@@ -729,8 +734,25 @@ impl HeaderDenyList {
     /// (see [`set_sensitive`]): with the name rule on, every header of the
     /// map is looked at once (no allocation).
     pub fn mark_sensitive(&self, headers: &mut HeaderMap) {
-        // The names the rule does not catch (by default `Cookie` and
-        // `Set-Cookie`), looked up; then one pass for the rule.
+        if headers.is_empty() {
+            return;
+        }
+        // A few names the rule does not catch (by default `Cookie` and
+        // `Set-Cookie`): compared with each header in the one pass the rule
+        // makes anyway, cheaper than hashing each name for a look-up (the
+        // trace layers run this on every request and every response).
+        if self.uncaught.len() <= COMPARED_NAMES {
+            for (name, value) in headers.iter_mut() {
+                if !value.is_sensitive()
+                    && (self.uncaught.iter().any(|n| n == name)
+                        || (self.rule && name_looks_secret(name)))
+                {
+                    value.set_sensitive(true);
+                }
+            }
+            return;
+        }
+        // Many: looked up one by one; then one pass for the rule.
         set_sensitive(headers, self.uncaught.iter());
         if self.rule {
             for (name, value) in headers.iter_mut() {
@@ -1118,6 +1140,29 @@ mod tests {
             Cow::Owned(p.replace("SECRET", "***"))
         }));
         assert_eq!(closure.to_string(), "https://h.example/v1/keys/***");
+    }
+
+    #[test]
+    fn mark_sensitive_by_comparison_or_by_look_up_alike() {
+        let names: Vec<HeaderName> = ["x-a", "x-b", "x-c", "x-d", "x-e", "x-f"]
+            .iter()
+            .map(|n| HeaderName::from_static(n))
+            .collect();
+        for (n, rule) in [(1, false), (4, false), (6, false), (2, true), (6, true)] {
+            let list = HeaderDenyList::from_parts(names[..n].to_vec(), rule);
+            let mut headers = HeaderMap::new();
+            for name in &names {
+                headers.append(name, "v1".parse().unwrap());
+                headers.append(name, "v2".parse().unwrap());
+            }
+            headers.insert("x-my-token", "t".parse().unwrap());
+            headers.insert(header::ACCEPT, "a".parse().unwrap());
+            list.mark_sensitive(&mut headers);
+            for (name, value) in &headers {
+                let denied = names[..n].contains(name) || (rule && name == "x-my-token");
+                assert_eq!(value.is_sensitive(), denied, "{name} {n} {rule}");
+            }
+        }
     }
 
     #[test]
