@@ -121,7 +121,7 @@
 //! other hosts need. The default classifier also calls this kind fatal, in
 //! case a classify layer sits above a breaker. A retry that meets an open
 //! circuit (it opened after the first attempt) returns this error carrying
-//! the attempt before it as [`PreviousAttempt`](crate::PreviousAttempt):
+//! the attempt before it as [`PreviousAttempt`]:
 //! the last real outcome (its verdict, e.g. `status 503`) is not lost. `Display` names the host
 //! (the redacted URL: no userinfo, no query) and when the circuit may
 //! close: `circuit open: may close in 4.2s for GET https://api.example/v1`.

@@ -367,7 +367,7 @@ impl TransportBuilder {
 
     /// Shut down with `handle` (see [`rebound_core::shutdown`]): each
     /// response body counts as in flight until it ends or is dropped (an
-    /// [`OpenBody`](rebound_core::shutdown::OpenBody) guard), and every
+    /// [`OpenBody`] guard), and every
     /// connection — idle in the pool or busy — closes when the shutdown
     /// ends, so a body still being read then fails with
     /// [`ErrorKind::Closed`]. [`ClientBuilder`](crate::ClientBuilder) does
