@@ -19,8 +19,9 @@
 //! share of retries allowed at 1 % failure), `herd` (jitter modes on the
 //! paused clock), `breaker` (one host down for 30 s, one healthy, on the
 //! paused clock) and `hedge` (tail latency with 1 % slow answers: no
-//! hedging, tower's `Hedge`, rebound's). See BENCHMARKS.md for what each
-//! number means.
+//! hedging, tower's `Hedge`, rebound's). `seq` (one client's sequential
+//! requests, for callgrind; `--requests N`) runs only when `--only` names
+//! it. See BENCHMARKS.md for what each number means.
 //!
 //! The same executable is the loopback server: run with `--bench-server` it
 //! serves HTTP/1.1 on 127.0.0.1 until its parent closes its stdin or its
@@ -39,6 +40,7 @@ mod outage;
 mod overhead;
 mod peers;
 mod report;
+mod seq;
 mod server;
 
 // Counts every allocation of this process with atomics (global, not per
@@ -80,7 +82,9 @@ impl Mode {
     }
 }
 
-const SECTIONS: [&str; 6] = ["overhead", "loopback", "outage", "herd", "breaker", "hedge"];
+const SECTIONS: [&str; 7] = [
+    "overhead", "loopback", "outage", "herd", "breaker", "hedge", "seq",
+];
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -108,6 +112,16 @@ fn main() -> ExitCode {
         .and_then(|i| args.get(i + 1))
         .map(|f| &*Box::leak(f.clone().into_boxed_str()));
     let mode = Mode { quick, filter };
+    let requests = match args.iter().position(|a| a == "--requests") {
+        None => None,
+        Some(i) => match args.get(i + 1).map(|n| n.parse::<usize>()) {
+            Some(Ok(n)) => Some(n),
+            _ => {
+                eprintln!("--requests takes a number");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
 
     println!(
         "# rebound benchmarks ({} mode, {} build, {} cores visible)",
@@ -134,11 +148,18 @@ fn main() -> ExitCode {
         ("breaker", breaker::run),
         ("hedge", hedge::run),
     ];
+    let mut results = Vec::new();
     for (name, run) in sections {
-        if !wanted(name) {
-            continue;
+        if wanted(name) {
+            results.push((name, run(mode)));
         }
-        match run(mode) {
+    }
+    // `seq` (instructions per request under callgrind) runs only when named.
+    if only.as_ref().is_some_and(|o| o.iter().any(|x| x == "seq")) {
+        results.push(("seq", seq::run(mode, requests)));
+    }
+    for (name, result) in results {
+        match result {
             Ok(checks) => {
                 passed += checks.passed();
                 failures.extend(checks.failed().map(|c| format!("{name}: {c}")));

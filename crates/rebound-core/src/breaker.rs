@@ -556,29 +556,7 @@ impl Table {
         let mut h = self.hasher.build_hasher();
         match &self.key_fn {
             Some(f) => f(uri, &mut h),
-            None => {
-                uri.scheme_str().hash(&mut h);
-                match uri.host() {
-                    Some(host) => {
-                        h.write_u8(1);
-                        // One write of the lower-cased host from a stack
-                        // buffer (as the Retry-After gate does).
-                        let bytes = host.as_bytes();
-                        let mut buf = [0u8; 256];
-                        if let Some(buf) = buf.get_mut(..bytes.len()) {
-                            buf.copy_from_slice(bytes);
-                            buf.make_ascii_lowercase();
-                            h.write(buf);
-                        } else {
-                            for b in bytes {
-                                h.write_u8(b.to_ascii_lowercase());
-                            }
-                        }
-                    }
-                    None => h.write_u8(0),
-                }
-                effective_port(uri).hash(&mut h);
-            }
+            None => crate::redact::hash_authority(uri, &mut h),
         }
         h.finish().max(CLAIMING + 1)
     }

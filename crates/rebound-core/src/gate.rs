@@ -141,7 +141,6 @@ use tower_service::Service;
 
 use crate::annotations::{Deadline, GateWait, PermitLease, Reason, RetryAfterHint, Verdict};
 use crate::error::{BoxError, Error, ErrorKind, TimeoutStage};
-use crate::redact::effective_port;
 use crate::wait::{take_ready, Wait, WaitThenCall};
 
 /// What a request does when its authority's gate is closed.
@@ -242,29 +241,7 @@ impl GateTable {
     /// (origin-form) share one key: they all go to the same inner service.
     fn key(&self, uri: &Uri) -> u64 {
         let mut h = self.hasher.build_hasher();
-        uri.scheme_str().hash(&mut h);
-        match uri.host() {
-            Some(host) => {
-                h.write_u8(1);
-                // One write of the lower-cased host from a stack buffer:
-                // byte by byte through SipHash cost ~100 ns a request. The
-                // path depends on the length only, so case never changes
-                // the key. (DNS names are at most 253 bytes.)
-                let bytes = host.as_bytes();
-                let mut buf = [0u8; 256];
-                if let Some(buf) = buf.get_mut(..bytes.len()) {
-                    buf.copy_from_slice(bytes);
-                    buf.make_ascii_lowercase();
-                    h.write(buf);
-                } else {
-                    for b in bytes {
-                        h.write_u8(b.to_ascii_lowercase());
-                    }
-                }
-            }
-            None => h.write_u8(0),
-        }
-        effective_port(uri).hash(&mut h);
+        crate::redact::hash_authority(uri, &mut h);
         h.finish()
     }
 

@@ -401,6 +401,142 @@ pub fn effective_port(uri: &Uri) -> Option<u16> {
     })
 }
 
+/// Feeds the key of `uri`'s authority into `h`: the scheme, the
+/// lower-cased host (never userinfo) and the [effective
+/// port](effective_port), so that `HTTP://Example.com`,
+/// `http://example.com:80` and `http://user@example.com` give one key.
+/// Requests without an authority (origin-form) all give one key.
+///
+/// This runs for every request through the circuit breaker and the
+/// Retry-After gate, so it reads the authority once, byte by byte (the
+/// same host and port as [`Uri::host`] and [`Uri::port_u16`], without
+/// their generic searches), and hands the hasher one buffer (SipHash costs
+/// per call more than per byte): about a third of the instructions of
+/// hashing the scheme, `Uri::host` and the port one by one.
+#[cfg(any(feature = "breaker", feature = "retry-after"))]
+pub(crate) fn hash_authority<H: std::hash::Hasher>(uri: &Uri, h: &mut H) {
+    let scheme = uri.scheme_str();
+    let mut out = KeyWriter {
+        h,
+        buf: [0; 64],
+        n: 0,
+    };
+    // Scheme: 0 none, 1 http, 2 https, 3 another (its bytes and 0xff
+    // follow; a scheme is ASCII, so 0xff ends it unambiguously).
+    match scheme {
+        None => out.push(0),
+        Some("http") => out.push(1),
+        Some("https") => out.push(2),
+        Some(other) => {
+            out.push(3);
+            out.push_lower(other.as_bytes());
+            out.push(0xff);
+        }
+    }
+    let (host, port) = match uri.authority() {
+        Some(authority) => {
+            let (host, port) = host_and_port(authority.as_str());
+            (Some(host), port)
+        }
+        None => (None, None),
+    };
+    // Host: 0 none; 1, the lower-cased host, 0xff (a host is ASCII).
+    match host {
+        Some(host) => {
+            out.push(1);
+            out.push_lower(host.as_bytes());
+            out.push(0xff);
+        }
+        None => out.push(0),
+    }
+    let port = port.or(match scheme {
+        Some("https") => Some(443),
+        Some("http") => Some(80),
+        _ => None,
+    });
+    match port {
+        Some(p) => {
+            let [a, b] = p.to_le_bytes();
+            out.push(1);
+            out.push(a);
+            out.push(b);
+        }
+        None => out.push(0),
+    }
+    out.h.write(&out.buf[..out.n]);
+}
+
+/// Feeds bytes to a hasher through a stack buffer: one `write` for a
+/// usual authority.
+#[cfg(any(feature = "breaker", feature = "retry-after"))]
+struct KeyWriter<'a, H> {
+    h: &'a mut H,
+    buf: [u8; 64],
+    n: usize,
+}
+
+#[cfg(any(feature = "breaker", feature = "retry-after"))]
+impl<H: std::hash::Hasher> KeyWriter<'_, H> {
+    fn push(&mut self, b: u8) {
+        if self.n == self.buf.len() {
+            self.h.write(&self.buf);
+            self.n = 0;
+        }
+        self.buf[self.n] = b;
+        self.n += 1;
+    }
+
+    fn push_lower(&mut self, bytes: &[u8]) {
+        match self.buf.get_mut(self.n..self.n + bytes.len()) {
+            Some(dst) => {
+                dst.copy_from_slice(bytes);
+                dst.make_ascii_lowercase();
+                self.n += bytes.len();
+            }
+            None => {
+                for &b in bytes {
+                    self.push(b.to_ascii_lowercase());
+                }
+            }
+        }
+    }
+}
+
+/// The host and the explicit port of an authority, as [`Uri::host`] and
+/// [`Uri::port_u16`] read them, in one pass: the host is what follows the
+/// last `@` up to the first `:` after it (or up to and including the `]`
+/// of an IPv6 literal); the port is what follows the last `:`, if it is a
+/// `u16`.
+#[cfg(any(feature = "breaker", feature = "retry-after"))]
+fn host_and_port(authority: &str) -> (&str, Option<u16>) {
+    let bytes = authority.as_bytes();
+    // The host starts after the last `@` (userinfo), if any.
+    let start = bytes.iter().rposition(|&b| b == b'@').map_or(0, |i| i + 1);
+    let first_colon = bytes[start..]
+        .iter()
+        .position(|&b| b == b':')
+        .map(|i| start + i);
+    let last_colon = match first_colon {
+        Some(first) => bytes[first..]
+            .iter()
+            .rposition(|&b| b == b':')
+            .map(|i| first + i),
+        // No `:` after the last `@`: the last one, if any, is in the
+        // userinfo.
+        None => bytes[..start].iter().rposition(|&b| b == b':'),
+    };
+    let host = if bytes.get(start) == Some(&b'[') {
+        match authority[start..].find(']') {
+            Some(end) => &authority[start..=start + end],
+            None => &authority[start..],
+        }
+    } else {
+        &authority[start..first_colon.unwrap_or(bytes.len())]
+    };
+    let port = last_colon.and_then(|i| authority[i + 1..].parse::<u16>().ok());
+    (host, port)
+}
+
 // ===== headers: what is never shown, what may be =====
 
 /// Headers whose values are secrets in every deployment; always on a
@@ -496,6 +632,11 @@ pub fn name_looks_secret(name: &HeaderName) -> bool {
         }
     })
 }
+
+/// Up to this many names that the name rule does not catch,
+/// [`HeaderDenyList::mark_sensitive`] compares each header with them
+/// instead of looking each of them up.
+const COMPARED_NAMES: usize = 4;
 
 /// Headers whose values are never recorded and which are marked
 /// [sensitive](http::HeaderValue::set_sensitive), so `Debug` of a request or
@@ -593,8 +734,25 @@ impl HeaderDenyList {
     /// (see [`set_sensitive`]): with the name rule on, every header of the
     /// map is looked at once (no allocation).
     pub fn mark_sensitive(&self, headers: &mut HeaderMap) {
-        // The names the rule does not catch (by default `Cookie` and
-        // `Set-Cookie`), looked up; then one pass for the rule.
+        if headers.is_empty() {
+            return;
+        }
+        // A few names the rule does not catch (by default `Cookie` and
+        // `Set-Cookie`): compared with each header in the one pass the rule
+        // makes anyway, cheaper than hashing each name for a look-up (the
+        // trace layers run this on every request and every response).
+        if self.uncaught.len() <= COMPARED_NAMES {
+            for (name, value) in headers.iter_mut() {
+                if !value.is_sensitive()
+                    && (self.uncaught.iter().any(|n| n == name)
+                        || (self.rule && name_looks_secret(name)))
+                {
+                    value.set_sensitive(true);
+                }
+            }
+            return;
+        }
+        // Many: looked up one by one; then one pass for the rule.
         set_sensitive(headers, self.uncaught.iter());
         if self.rule {
             for (name, value) in headers.iter_mut() {
@@ -730,6 +888,69 @@ pub fn query_param_names(uri: &Uri) -> impl Iterator<Item = &str> {
 mod tests {
     use super::*;
 
+    #[cfg(any(feature = "breaker", feature = "retry-after"))]
+    #[test]
+    fn host_and_port_read_an_authority_as_http_does() {
+        for a in [
+            "example.com",
+            "Example.COM:8080",
+            "user@example.com",
+            "user:pw@example.com:81",
+            "us:er:pw@h:1",
+            "a@b@host:443",
+            "[::1]",
+            "[::1]:8443",
+            "u@[fe80::1]:9",
+            "host:",
+            "host:99999",
+            "host:+80",
+            "h:p@host",
+        ] {
+            let uri: Uri = format!("http://{a}/p").parse().unwrap();
+            let (host, port) = host_and_port(uri.authority().unwrap().as_str());
+            assert_eq!(Some(host), uri.host(), "{a}");
+            assert_eq!(port, uri.port_u16(), "{a}");
+        }
+    }
+
+    #[cfg(any(feature = "breaker", feature = "retry-after"))]
+    #[test]
+    fn one_authority_key_whatever_its_spelling() {
+        use std::hash::{BuildHasher, Hasher};
+        let state = std::collections::hash_map::RandomState::new();
+        let key = |u: &str| {
+            let mut h = state.build_hasher();
+            hash_authority(&u.parse::<Uri>().unwrap(), &mut h);
+            h.finish()
+        };
+        let same = [
+            "http://example.com/a",
+            "HTTP://EXAMPLE.com/b?q",
+            "http://example.com:80/",
+            "http://user:pw@Example.Com:80/x",
+        ];
+        for u in same {
+            assert_eq!(key(u), key(same[0]), "{u}");
+        }
+        let long = format!("http://{}.example/", "a".repeat(300));
+        assert_eq!(key(&long), key(&long.to_uppercase()));
+        let different = [
+            "https://example.com/",
+            "http://example.com:8080/",
+            "http://example.org/",
+            "ftp://example.com/",
+            "/origin-form",
+            &long,
+        ];
+        for (i, a) in different.iter().enumerate() {
+            assert_ne!(key(a), key(same[0]), "{a}");
+            for b in &different[i + 1..] {
+                assert_ne!(key(a), key(b), "{a} {b}");
+            }
+        }
+        assert_eq!(key("https://example.com/"), key("https://example.com:443/"));
+        assert_eq!(key("/a"), key("/b"));
+    }
     #[test]
     fn strips_userinfo_query_fragment() {
         let uri: Uri = "http://u:p@h.example:81/p/q?x=1#f".parse().unwrap();
@@ -919,6 +1140,29 @@ mod tests {
             Cow::Owned(p.replace("SECRET", "***"))
         }));
         assert_eq!(closure.to_string(), "https://h.example/v1/keys/***");
+    }
+
+    #[test]
+    fn mark_sensitive_by_comparison_or_by_look_up_alike() {
+        let names: Vec<HeaderName> = ["x-a", "x-b", "x-c", "x-d", "x-e", "x-f"]
+            .iter()
+            .map(|n| HeaderName::from_static(n))
+            .collect();
+        for (n, rule) in [(1, false), (4, false), (6, false), (2, true), (6, true)] {
+            let list = HeaderDenyList::from_parts(names[..n].to_vec(), rule);
+            let mut headers = HeaderMap::new();
+            for name in &names {
+                headers.append(name, "v1".parse().unwrap());
+                headers.append(name, "v2".parse().unwrap());
+            }
+            headers.insert("x-my-token", "t".parse().unwrap());
+            headers.insert(header::ACCEPT, "a".parse().unwrap());
+            list.mark_sensitive(&mut headers);
+            for (name, value) in &headers {
+                let denied = names[..n].contains(name) || (rule && name == "x-my-token");
+                assert_eq!(value.is_sensitive(), denied, "{name} {n} {rule}");
+            }
+        }
     }
 
     #[test]

@@ -176,8 +176,10 @@ pub struct Connector<C = HttpConnector> {
     /// Set once a handshake negotiated `h2` (shared by clones): the
     /// transport captures connections only from then on.
     h2_seen: Arc<AtomicBool>,
-    /// Connections close when this is cancelled.
-    close: Option<CancellationToken>,
+    /// Connections close when this is cancelled. Behind an `Arc`: hyper-util
+    /// clones the connector for every request, and a `CancellationToken`
+    /// clone (and drop) locks its tree node's mutex.
+    close: Option<Arc<CancellationToken>>,
 }
 
 impl Connector<HttpConnector> {
@@ -219,7 +221,7 @@ impl<C> Connector<C> {
     /// its own; a read that finds no data then pays an `AtomicWaker`
     /// registration and an atomic load (no lock).
     pub fn close_on(mut self, token: CancellationToken) -> Self {
-        self.close = Some(token);
+        self.close = Some(Arc::new(token));
         self
     }
 
@@ -355,7 +357,7 @@ where
         let connect_timeout = self.connect_timeout;
         let tls_timeout = self.tls_timeout;
         let h2_seen = Arc::clone(&self.h2_seen);
-        let close = self.close.as_ref().map(CancellationToken::child_token);
+        let close = self.close.as_deref().map(CancellationToken::child_token);
         let connecting = self.tcp.call(dst);
         Box::pin(async move {
             let tcp = match tokio::time::timeout(connect_timeout, connecting).await {

@@ -464,13 +464,15 @@ impl TransportBuilder {
             .http2_keep_alive_while_idle(self.h2_keep_alive_while_idle)
             .build(connector);
         Ok(HyperTransport {
-            client,
-            body,
-            retire: match self.h2_retire_after {
-                Some(after) if self.http2 => Some(Retire { h2_seen, after }),
-                _ => None,
-            },
-            shutdown: self.shutdown,
+            shared: Arc::new(Shared {
+                client,
+                body,
+                retire: match self.h2_retire_after {
+                    Some(after) if self.http2 => Some(Retire { h2_seen, after }),
+                    _ => None,
+                },
+                shutdown: self.shutdown,
+            }),
         })
     }
 }
@@ -480,6 +482,16 @@ impl TransportBuilder {
 /// hyper-util's client as a rebound transport; see the
 /// [module docs](self).
 pub struct HyperTransport<C = HttpConnector> {
+    // Shared by every clone: the client's stack clones its attempt part,
+    // this transport included, for every attempt, and a clone of
+    // hyper-util's client is a dozen reference counts (connector, pool,
+    // executor, timers), each bumped and dropped again per request; this
+    // is one.
+    shared: Arc<Shared<C>>,
+}
+
+/// What the clones of a [`HyperTransport`] share.
+struct Shared<C> {
     client: HyperClient<Connector<C>, Body>,
     body: BodyTimeouts,
     /// `None` when HTTP/2 is off (no connection can be HTTP/2) or
@@ -509,17 +521,16 @@ impl HyperTransport {
 impl<C> HyperTransport<C> {
     /// The timeouts applied to response bodies.
     pub fn body_timeouts(&self) -> BodyTimeouts {
-        self.body
+        self.shared.body
     }
 }
 
-impl<C: Clone> Clone for HyperTransport<C> {
+impl<C> Clone for HyperTransport<C> {
+    /// Shares the client (its pool, connector and settings): one reference
+    /// count.
     fn clone(&self) -> Self {
         HyperTransport {
-            client: self.client.clone(),
-            body: self.body,
-            retire: self.retire.clone(),
-            shutdown: self.shutdown.clone(),
+            shared: Arc::clone(&self.shared),
         }
     }
 }
@@ -527,7 +538,7 @@ impl<C: Clone> Clone for HyperTransport<C> {
 impl<C> fmt::Debug for HyperTransport<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HyperTransport")
-            .field("body", &self.body)
+            .field("body", &self.shared.body)
             .finish_non_exhaustive()
     }
 }
@@ -547,6 +558,7 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
+        let shared = &*self.shared;
         let request = RequestName::of(&req);
         let mut req = match prepare(req.map(Into::into)) {
             Ok(req) => req,
@@ -554,7 +566,7 @@ where
                 return ResponseFuture {
                     state: State::Failed(Some(request.name(e))),
                     request: None,
-                    body: self.body,
+                    body: shared.body,
                     connection: None,
                     open: None,
                 }
@@ -564,7 +576,7 @@ where
         // captured (it costs a watch channel and an extension): HTTP/2 is
         // on, it is `https` (h2 is negotiated by ALPN only), and this
         // transport has negotiated h2 at least once.
-        let connection = match &self.retire {
+        let connection = match &shared.retire {
             Some(retire)
                 if retire.h2_seen.load(Ordering::Relaxed)
                     && req.uri().scheme() == Some(&Scheme::HTTPS) =>
@@ -579,11 +591,11 @@ where
             _ => None,
         };
         ResponseFuture {
-            state: State::Sending(self.client.request(req)),
+            state: State::Sending(shared.client.request(req)),
             request: Some(request),
-            body: self.body,
+            body: shared.body,
             connection,
-            open: self.shutdown.as_ref().map(ShutdownHandle::open_body),
+            open: shared.shutdown.as_ref().map(ShutdownHandle::open_body),
         }
     }
 }

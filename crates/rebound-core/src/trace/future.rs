@@ -17,6 +17,21 @@ use super::outcome::{event_at, millis, Outcome};
 use super::TARGET;
 use crate::error::{BoxError, Error};
 
+/// Whether anything can use a request's or an attempt's outcome beyond
+/// marking its headers: its span, an event at `level` (a request's most
+/// severe one is WARN, an attempt's DEBUG) or the metrics. With no
+/// subscriber interested, a request that succeeds reads no clock and
+/// looks up no annotation.
+fn observed(span: &Span, level: Level) -> bool {
+    cfg!(feature = "metrics") || !span.is_disabled() || tracing::level_enabled!(level)
+}
+
+/// When the request or attempt started, read only if someone may ask
+/// (see [`observed`]).
+fn start_if(observed: bool) -> Option<Instant> {
+    observed.then(Instant::now)
+}
+
 // ===== ResponseFuture (logical request) =====
 
 pin_project! {
@@ -55,6 +70,7 @@ impl<F> ResponseFuture<F> {
         method: Method,
         ctx: Option<RequestContext>,
     ) -> Self {
+        let start = start_if(observed(&span, Level::WARN));
         ResponseFuture {
             inner,
             state: Some(RequestState {
@@ -62,7 +78,7 @@ impl<F> ResponseFuture<F> {
                 cfg,
                 method,
                 ctx,
-                start: Instant::now(),
+                start,
             }),
         }
     }
@@ -102,25 +118,30 @@ struct RequestState {
     cfg: Arc<Config>,
     method: Method,
     ctx: Option<RequestContext>,
-    start: Instant,
+    // `None` when no one was interested as the request started.
+    start: Option<Instant>,
 }
 
 impl RequestState {
     fn finish<B>(&self, result: &mut Result<Response<B>, Error>) {
-        let elapsed = self.start.elapsed();
         match result {
             Ok(res) => self.cfg.deny.mark_sensitive(res.headers_mut()),
             // Before it is logged, and before the caller sees it.
             Err(err) => self.cfg.redact_error(err),
         }
         let o = Outcome::of(result);
+        let level = o.request_level();
+        let span = &self.span;
+        if !observed(span, level) {
+            return;
+        }
+        let elapsed = self.start.map(|start| start.elapsed());
         let error_type = o.error_type();
         let attempts = o.attempts();
         let stop = o.stop();
         let budget_left = o.budget_left();
         let limiter = o.limiter();
         let gate_wait = o.gate_wait().map(millis);
-        let span = &self.span;
         if !span.is_disabled() {
             if let Some(status) = o.status {
                 span.record("http.response.status_code", status.as_u16());
@@ -143,10 +164,11 @@ impl RequestState {
             if let Some(w) = gate_wait {
                 span.record("rebound.gate_wait_ms", w);
             }
-            span.record("rebound.elapsed_ms", millis(elapsed));
+            if let Some(elapsed) = elapsed {
+                span.record("rebound.elapsed_ms", millis(elapsed));
+            }
         }
 
-        let level = o.request_level();
         let message = if o.is_success() {
             if attempts > 1 {
                 "request succeeded after retries"
@@ -172,7 +194,7 @@ impl RequestState {
             rebound.stop = stop,
             rebound.reason = o.verdict().and_then(|v| v.reason()).map(|r| r.as_str()),
             rebound.budget_left = budget_left,
-            rebound.elapsed_ms = millis(elapsed),
+            rebound.elapsed_ms = elapsed.map(millis),
             http.request.method = ctx.map(|c| c.method.as_str()),
             server.address = ctx.and_then(|c| c.uri.host()),
             url.path = path.as_deref(),
@@ -188,6 +210,7 @@ impl RequestState {
                 status: o.status,
                 error_type,
             };
+            let elapsed = elapsed.unwrap_or_default();
             crate::metrics::record_request(&labels, elapsed, attempts, stop);
             if let Some(l) = limiter {
                 crate::metrics::record_limiter(l);
@@ -199,11 +222,13 @@ impl RequestState {
 
     /// The caller dropped the future before it completed.
     fn cancelled(self) {
-        let elapsed = self.start.elapsed();
+        let elapsed = self.start.map(|start| start.elapsed());
         let span = &self.span;
         span.record("rebound.stop", "cancelled");
         span.record("error.type", "cancelled");
-        span.record("rebound.elapsed_ms", millis(elapsed));
+        if let Some(elapsed) = elapsed {
+            span.record("rebound.elapsed_ms", millis(elapsed));
+        }
         let ctx = self.ctx.as_ref();
         let path = ctx.and_then(|c| self.cfg.shown_path(&c.uri));
         let _entered = span.enter();
@@ -211,7 +236,7 @@ impl RequestState {
             target: TARGET,
             {
             rebound.stop = "cancelled",
-            rebound.elapsed_ms = millis(elapsed),
+            rebound.elapsed_ms = elapsed.map(millis),
             http.request.method = ctx.map(|c| c.method.as_str()),
             server.address = ctx.and_then(|c| c.uri.host()),
             url.path = path.as_deref(),
@@ -226,6 +251,7 @@ impl RequestState {
                 status: None,
                 error_type: Some("cancelled"),
             };
+            let elapsed = elapsed.unwrap_or_default();
             crate::metrics::record_request(&labels, elapsed, 1, "cancelled");
         }
     }
@@ -268,6 +294,7 @@ impl<F> AttemptFuture<F> {
         attempt: u32,
         budget_left: Option<u32>,
     ) -> Self {
+        let start = start_if(observed(&span, Level::DEBUG));
         AttemptFuture {
             inner,
             state: Some(AttemptState {
@@ -277,7 +304,7 @@ impl<F> AttemptFuture<F> {
                 ctx,
                 attempt,
                 budget_left,
-                start: Instant::now(),
+                start,
             }),
         }
     }
@@ -311,12 +338,12 @@ struct AttemptState {
     ctx: Option<RequestContext>,
     attempt: u32,
     budget_left: Option<u32>,
-    start: Instant,
+    // `None` when no one was interested as the attempt started.
+    start: Option<Instant>,
 }
 
 impl AttemptState {
     fn finish<B>(self, result: &mut Result<Response<B>, Error>) {
-        let elapsed = self.start.elapsed();
         match result {
             // The retry layer may drop this response; whatever looks at it
             // before then must not see a Set-Cookie either.
@@ -324,6 +351,11 @@ impl AttemptState {
             // Before it is logged, and before the layers above see it.
             Err(err) => self.cfg.redact_error(err),
         }
+        // Its one event is at DEBUG.
+        if !observed(&self.span, Level::DEBUG) {
+            return;
+        }
+        let elapsed = self.start.map(|start| start.elapsed());
         let o = Outcome::of(result);
         let error_type = o.error_type();
         let verdict = o.verdict();
@@ -364,7 +396,9 @@ impl AttemptState {
             if let Some(w) = gate_wait {
                 span.record("rebound.gate_wait_ms", w);
             }
-            span.record("rebound.elapsed_ms", millis(elapsed));
+            if let Some(elapsed) = elapsed {
+                span.record("rebound.elapsed_ms", millis(elapsed));
+            }
         }
 
         // Always DEBUG: whether a retryable attempt is retried is the retry
@@ -387,7 +421,7 @@ impl AttemptState {
             rebound.delay_source = delay.map(|d| d.source.as_str()),
             rebound.budget_left = budget_left,
             rebound.limiter = limiter.map(tracing::field::display),
-            rebound.elapsed_ms = millis(elapsed),
+            rebound.elapsed_ms = elapsed.map(millis),
             http.request.method = ctx.map(|c| c.method.as_str()),
             server.address = ctx.and_then(|c| c.uri.host()),
             url.path = path.as_deref(),
@@ -403,7 +437,7 @@ impl AttemptState {
                 status: o.status,
                 error_type,
             };
-            crate::metrics::record_attempt(&labels, elapsed);
+            crate::metrics::record_attempt(&labels, elapsed.unwrap_or_default());
             if let Some(l) = limiter {
                 crate::metrics::record_limiter(l);
             }
@@ -420,15 +454,17 @@ impl AttemptState {
     /// The attempt was dropped before it completed (the request was
     /// cancelled, or a layer above cut it).
     fn cancelled(self) {
-        let elapsed = self.start.elapsed();
+        let elapsed = self.start.map(|start| start.elapsed());
         self.span.record("rebound.verdict", "cancelled");
-        self.span.record("rebound.elapsed_ms", millis(elapsed));
+        if let Some(elapsed) = elapsed {
+            self.span.record("rebound.elapsed_ms", millis(elapsed));
+        }
         let _entered = self.span.enter();
         tracing::debug!(
             target: TARGET,
             {
             rebound.attempt = self.attempt,
-            rebound.elapsed_ms = millis(elapsed),
+            rebound.elapsed_ms = elapsed.map(millis),
             },
             "attempt dropped before it finished"
         );
