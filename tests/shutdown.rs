@@ -343,3 +343,41 @@ async fn shutdown_ends_when_the_last_body_does() {
     assert_eq!(report.bodies_cut, 0);
     assert_eq!(reader.await.unwrap().unwrap(), 300);
 }
+
+/// A response with nothing left to read (an empty body) does not count as
+/// a body in flight: a caller that keeps it does not hold the shutdown,
+/// while one that keeps an unread body does (until the grace ends).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_response_holds_the_shutdown_only_if_its_body_has_bytes_left() {
+    let server = FaultServer::builder()
+        .route("/empty", [Action::status(204)])
+        .route("/full", [Action::status(200).body("unread")])
+        .start()
+        .await;
+
+    let client = pooling_client(None);
+    let kept = client.get(server.url("/empty")).await.unwrap();
+    assert_eq!(kept.status(), 204);
+    let start = Instant::now();
+    let report = client.shutdown(Duration::from_secs(5)).await;
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "an empty body is not in flight: {:?}",
+        start.elapsed()
+    );
+    assert_eq!(report.bodies_cut, 0);
+    drop(kept);
+
+    // Control: an unread body with bytes left is in flight.
+    let client = pooling_client(None);
+    let kept = client.get(server.url("/full")).await.unwrap();
+    let start = Instant::now();
+    let report = client.shutdown(Duration::from_millis(500)).await;
+    assert!(
+        start.elapsed() >= Duration::from_millis(450),
+        "waited for the unread body: {:?}",
+        start.elapsed()
+    );
+    assert_eq!(report.bodies_cut, 1);
+    drop(kept);
+}

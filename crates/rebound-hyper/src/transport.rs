@@ -366,7 +366,8 @@ impl TransportBuilder {
     }
 
     /// Shut down with `handle` (see [`rebound_core::shutdown`]): each
-    /// response body counts as in flight until it ends or is dropped (an
+    /// response body with bytes left to read (not a 204, a HEAD or an
+    /// empty body) counts as in flight until it ends or is dropped (an
     /// [`OpenBody`] guard), and every
     /// connection — idle in the pool or busy — closes when the shutdown
     /// ends, so a body still being read then fails with
@@ -779,12 +780,18 @@ impl Future for ResponseFuture {
                 Poll::Ready(match result {
                     Ok(res) => {
                         let timeouts = this.body;
+                        // A body with nothing to read (a 204, a HEAD, a
+                        // `Content-Length: 0`) is not in flight: a caller
+                        // who keeps the response does not hold a shutdown.
                         let open = this.open.take();
-                        Ok(
-                            res.map(|b| {
-                                ResponseBody::new(b, timeouts).named(request).tracked(open)
-                            }),
-                        )
+                        Ok(res.map(|b| {
+                            let open = if hyper::body::Body::is_end_stream(&b) {
+                                None
+                            } else {
+                                open
+                            };
+                            ResponseBody::new(b, timeouts).named(request).tracked(open)
+                        }))
                     }
                     Err(e) => Err(request.name(from_client(e))),
                 })
