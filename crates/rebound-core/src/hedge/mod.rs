@@ -174,7 +174,7 @@ const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 /// The most copies [`HedgePolicy::max_attempts`] accepts (gRFC A6's cap).
 pub const MAX_HEDGED_ATTEMPTS: u32 = 5;
 
-use crate::retry::{method_bit, METHODS};
+use crate::retry::MethodSet;
 
 /// When a hedge is sent.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -199,22 +199,17 @@ pub struct HedgePolicy {
     delay: Delay,
     max_attempts: u32,
     budget: Option<Arc<RetryBudget>>,
-    methods: u16,
+    methods: MethodSet,
     paths: Arc<[Box<str>]>,
 }
 
 impl fmt::Debug for HedgePolicy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let methods: Vec<&str> = METHODS
-            .iter()
-            .filter(|m| self.is_eligible_method(m))
-            .map(Method::as_str)
-            .collect();
         f.debug_struct("HedgePolicy")
             .field("delay", &self.delay)
             .field("max_attempts", &self.max_attempts)
             .field("budget", &self.budget)
-            .field("methods", &methods)
+            .field("methods", &self.methods)
             .field("paths", &self.paths)
             .finish()
     }
@@ -222,22 +217,11 @@ impl fmt::Debug for HedgePolicy {
 
 impl HedgePolicy {
     fn with(delay: Delay) -> Self {
-        let methods = [
-            Method::GET,
-            Method::HEAD,
-            Method::OPTIONS,
-            Method::TRACE,
-            Method::PUT,
-            Method::DELETE,
-        ]
-        .iter()
-        .filter_map(method_bit)
-        .fold(0, |a, b| a | b);
         HedgePolicy {
             delay,
             max_attempts: 2,
             budget: None,
-            methods,
+            methods: MethodSet::idempotent(),
             paths: Arc::from(Vec::new()),
         }
     }
@@ -306,10 +290,7 @@ impl HedgePolicy {
     /// [hedgeable path](Self::hedgeable_paths), is hedgeable whatever its
     /// method.
     pub fn eligible_methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
-        self.methods = methods
-            .into_iter()
-            .filter_map(|m| method_bit(&m))
-            .fold(0, |a, b| a | b);
+        self.methods = MethodSet::of(methods);
         self
     }
 
@@ -341,7 +322,7 @@ impl HedgePolicy {
 
     /// Whether `method` may be hedged.
     pub fn is_eligible_method(&self, method: &Method) -> bool {
-        method_bit(method).is_some_and(|b| self.methods & b != 0)
+        self.methods.contains(method)
     }
 
     /// Whether the budget is shared (see [`budget`](Self::budget)).

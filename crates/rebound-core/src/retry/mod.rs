@@ -140,7 +140,7 @@ use tower_service::Service;
 
 pub use self::budget::RetryBudget;
 #[cfg(feature = "hedge")]
-pub(crate) use self::policy::{method_bit, METHODS};
+pub(crate) use self::policy::MethodSet;
 pub use self::policy::{RetryPolicy, MAX_ATTEMPTS};
 
 use crate::annotations::{Deadline, IdempotencyKey, Idempotent};

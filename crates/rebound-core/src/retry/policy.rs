@@ -24,10 +24,57 @@ pub(crate) const METHODS: [Method; 9] = [
     Method::CONNECT,
 ];
 
-/// The bit of `m` in a method set, for standard methods (shared with the
-/// hedge layer's eligibility set).
-pub(crate) fn method_bit(m: &Method) -> Option<u16> {
+/// The bit of `m` in a method set, for standard methods.
+fn method_bit(m: &Method) -> Option<u16> {
     METHODS.iter().position(|x| x == m).map(|i| 1 << i)
+}
+
+/// A set of standard methods (one bit each), the eligibility set of both
+/// the retry policy and the hedge policy.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) struct MethodSet(u16);
+
+impl MethodSet {
+    /// The idempotent methods of RFC 9110: GET, HEAD, OPTIONS, TRACE, PUT,
+    /// DELETE (both policies' default).
+    pub(crate) fn idempotent() -> Self {
+        MethodSet::of([
+            Method::GET,
+            Method::HEAD,
+            Method::OPTIONS,
+            Method::TRACE,
+            Method::PUT,
+            Method::DELETE,
+        ])
+    }
+
+    /// The standard methods among `methods` (others cannot be listed).
+    pub(crate) fn of(methods: impl IntoIterator<Item = Method>) -> Self {
+        MethodSet(
+            methods
+                .into_iter()
+                .filter_map(|m| method_bit(&m))
+                .fold(0, |a, b| a | b),
+        )
+    }
+
+    /// Whether `method` is in the set.
+    pub(crate) fn contains(self, method: &Method) -> bool {
+        method_bit(method).is_some_and(|b| self.0 & b != 0)
+    }
+}
+
+impl fmt::Debug for MethodSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list()
+            .entries(
+                METHODS
+                    .iter()
+                    .filter(|m| self.contains(m))
+                    .map(Method::as_str),
+            )
+            .finish()
+    }
 }
 
 /// What the [`RetryLayer`](super::RetryLayer) may do.
@@ -52,41 +99,25 @@ pub(crate) fn method_bit(m: &Method) -> Option<u16> {
 pub struct RetryPolicy {
     pub(super) max_attempts: u32,
     pub(super) budget: Arc<RetryBudget>,
-    methods: u16,
+    methods: MethodSet,
 }
 
 impl fmt::Debug for RetryPolicy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let methods: Vec<&str> = METHODS
-            .iter()
-            .filter(|m| self.is_eligible_method(m))
-            .map(Method::as_str)
-            .collect();
         f.debug_struct("RetryPolicy")
             .field("max_attempts", &self.max_attempts)
             .field("budget", &self.budget)
-            .field("methods", &methods)
+            .field("methods", &self.methods)
             .finish()
     }
 }
 
 impl Default for RetryPolicy {
     fn default() -> Self {
-        let methods = [
-            Method::GET,
-            Method::HEAD,
-            Method::OPTIONS,
-            Method::TRACE,
-            Method::PUT,
-            Method::DELETE,
-        ]
-        .iter()
-        .filter_map(method_bit)
-        .fold(0, |a, b| a | b);
         RetryPolicy {
             max_attempts: 3,
             budget: Arc::new(RetryBudget::default()),
-            methods,
+            methods: MethodSet::idempotent(),
         }
     }
 }
@@ -117,10 +148,7 @@ impl RetryPolicy {
     /// listed; others are eligible only with an idempotency key. Default:
     /// GET, HEAD, OPTIONS, TRACE, PUT, DELETE.
     pub fn eligible_methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
-        self.methods = methods
-            .into_iter()
-            .filter_map(|m| method_bit(&m))
-            .fold(0, |a, b| a | b);
+        self.methods = MethodSet::of(methods);
         self
     }
 
@@ -137,7 +165,7 @@ impl RetryPolicy {
     /// Whether `method` may be retried after the request may have been
     /// processed.
     pub fn is_eligible_method(&self, method: &Method) -> bool {
-        method_bit(method).is_some_and(|b| self.methods & b != 0)
+        self.methods.contains(method)
     }
 
     /// Check the values.
