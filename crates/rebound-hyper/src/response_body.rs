@@ -365,22 +365,25 @@ impl<B> fmt::Debug for ResponseBody<B> {
     }
 }
 
-/// A failed read: [`ErrorKind::Closed`](rebound_core::ErrorKind::Closed)
-/// if a shutdown ended (its connections are closed), else a body error.
-fn read_error(e: BoxError, request: &Option<RequestName>, open: &mut Option<OpenBody>) -> Error {
-    let err = match open.take() {
-        Some(open) if open.is_cut() => {
-            let mut err = Error::new(rebound_core::ErrorKind::Closed)
-                .with_detail("response body cut at the end of the shutdown's grace period")
-                .with_source(e);
-            err.extensions_mut().insert(Sent::MaybeProcessed);
-            err
-        }
-        _ => from_body(e),
-    };
+fn read_error(e: BoxError, request: &Option<RequestName>) -> Error {
+    let err = from_body(e);
     match request {
         Some(r) => r.name(err),
         None => err,
+    }
+}
+
+/// A read that failed after a shutdown ended (its connections are closed):
+/// [`ErrorKind::Closed`](rebound_core::ErrorKind::Closed), the failure as
+/// its source.
+fn cut_error(err: Error, request: &Option<RequestName>) -> Error {
+    let mut cut = Error::new(rebound_core::ErrorKind::Closed)
+        .with_detail("response body cut at the end of the shutdown's grace period")
+        .with_source(err);
+    cut.extensions_mut().insert(Sent::MaybeProcessed);
+    match request {
+        Some(r) => r.name(cut),
+        None => cut,
     }
 }
 
@@ -402,30 +405,63 @@ where
     type Error = Error;
 
     fn poll_frame(
-        self: Pin<&mut Self>,
+        mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let out = self.as_mut().poll_timed(cx);
+        // The shutdown's guard goes when the body ends (its last frame, its
+        // end, or an error); a read that failed because the shutdown cut
+        // the connection says so.
+        let this = self.project();
+        let ended = this.open.is_some()
+            && match &out {
+                Poll::Pending => false,
+                Poll::Ready(Some(Ok(_))) => this.inner.is_end_stream(),
+                Poll::Ready(_) => true,
+            };
+        if !ended {
+            return out;
+        }
+        let cut = this.open.take().is_some_and(|open| open.is_cut());
+        match out {
+            Poll::Ready(Some(Err(err))) if cut && err.kind() == rebound_core::ErrorKind::Body => {
+                Poll::Ready(Some(Err(cut_error(err, this.request))))
+            }
+            out => out,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.failed.is_none() && self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl<B> ResponseBody<B>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    /// The next frame, with the timeouts applied.
+    fn poll_timed(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<B::Data>, Error>>> {
         let mut this = self.project();
         if let Some(stage) = *this.failed {
-            *this.open = None;
             return Poll::Ready(Some(Err(body_timeout(stage, this.request))));
         }
         if this.idle.is_none() && this.rate.is_none() {
             return match this.inner.as_mut().poll_frame(cx) {
                 Poll::Pending => Poll::Pending,
-                Poll::Ready(Some(Ok(frame))) => {
-                    if this.open.is_some() && this.inner.is_end_stream() {
-                        *this.open = None;
-                    }
-                    Poll::Ready(Some(Ok(frame)))
-                }
+                Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(frame))),
                 Poll::Ready(Some(Err(e))) => {
-                    Poll::Ready(Some(Err(read_error(e.into(), this.request, this.open))))
+                    Poll::Ready(Some(Err(read_error(e.into(), this.request))))
                 }
-                Poll::Ready(None) => {
-                    *this.open = None;
-                    Poll::Ready(None)
-                }
+                Poll::Ready(None) => Poll::Ready(None),
             };
         }
 
@@ -452,18 +488,10 @@ where
                         rate.bytes = rate.bytes.saturating_add(data.remaining() as u64);
                     }
                 }
-                if this.open.is_some() && this.inner.is_end_stream() {
-                    *this.open = None;
-                }
                 Poll::Ready(Some(Ok(frame)))
             }
-            Poll::Ready(Some(Err(e))) => {
-                Poll::Ready(Some(Err(read_error(e.into(), this.request, this.open))))
-            }
-            Poll::Ready(None) => {
-                *this.open = None;
-                Poll::Ready(None)
-            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(read_error(e.into(), this.request)))),
+            Poll::Ready(None) => Poll::Ready(None),
             Poll::Pending => {
                 let remaining = this.inner.size_hint().upper();
                 let mut wake_at: Option<Instant> = None;
@@ -515,14 +543,6 @@ where
                 Poll::Pending
             }
         }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.failed.is_none() && self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
     }
 }
 
