@@ -374,8 +374,9 @@ impl TransportBuilder {
     /// [`ErrorKind::Closed`]. [`ClientBuilder`](crate::ClientBuilder) does
     /// this with the handle of [`Client::shutdown`](crate::Client::shutdown).
     ///
-    /// Cost: a reference count and two atomic adds per request, and a child
-    /// token per connection, polled when a read waits.
+    /// Cost: a reference count and two atomic adds per request; per
+    /// connection, a child token watched without a lock (see
+    /// [`Connector::close_on`]).
     pub fn shutdown(mut self, handle: &ShutdownHandle) -> Self {
         self.shutdown = Some(handle.clone());
         self
