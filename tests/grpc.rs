@@ -101,10 +101,11 @@ async fn unavailable_twice_then_ok_makes_three_calls() {
     .await
 }
 
-#[tokio::test]
-async fn invalid_argument_is_not_retried() {
+/// A server answering `code` to every call: `path` is called once, and the
+/// status says why the loop stopped.
+async fn called_once(code: tonic::Code, path: &'static str, stop: &str) {
     within(async {
-        let server = GrpcServer::start(|_, _| Reply::status(tonic::Code::InvalidArgument))
+        let server = GrpcServer::start(move |_, _| Reply::status(code))
             .await
             .unwrap();
         let mut c = client(
@@ -112,37 +113,22 @@ async fn invalid_argument_is_not_retried() {
             GrpcClassifier::default(),
             Duration::from_secs(10),
         );
-        let status = c.unary(SAY, Bytes::new()).await.unwrap_err();
-        assert_eq!(status.code(), tonic::Code::InvalidArgument);
-        assert_eq!(server.calls_to(SAY).len(), 1);
-        assert_eq!(
-            status.metadata().get("rebound-retry-stop").unwrap(),
-            "fatal"
-        );
+        let status = c.unary(path, Bytes::new()).await.unwrap_err();
+        assert_eq!(status.code(), code);
+        assert_eq!(server.calls_to(path).len(), 1);
+        assert_eq!(status.metadata().get("rebound-retry-stop").unwrap(), stop);
     })
     .await
 }
 
 #[tokio::test]
+async fn invalid_argument_is_not_retried() {
+    called_once(tonic::Code::InvalidArgument, SAY, "fatal").await
+}
+
+#[tokio::test]
 async fn a_method_not_declared_retryable_is_called_once() {
-    within(async {
-        let server = GrpcServer::start(|_, _| Reply::status(tonic::Code::Unavailable))
-            .await
-            .unwrap();
-        let mut c = client(
-            channel(server.uri()),
-            GrpcClassifier::default(),
-            Duration::from_secs(10),
-        );
-        let status = c.unary(CHARGE, Bytes::new()).await.unwrap_err();
-        assert_eq!(status.code(), tonic::Code::Unavailable);
-        assert_eq!(server.calls_to(CHARGE).len(), 1);
-        assert_eq!(
-            status.metadata().get("rebound-retry-stop").unwrap(),
-            "not_eligible"
-        );
-    })
-    .await
+    called_once(tonic::Code::Unavailable, CHARGE, "not_eligible").await
 }
 
 #[tokio::test]
