@@ -252,7 +252,7 @@ pub mod future {
         }
     }
 
-    pub(super) fn timed_out(stage: TimeoutStage, request: RequestName) -> Error {
+    pub(crate) fn timed_out(stage: TimeoutStage, request: RequestName) -> Error {
         let mut err = request.name(Error::timeout(stage));
         err.extensions_mut().insert(Sent::MaybeProcessed);
         err

@@ -452,7 +452,7 @@ where
     }
 }
 
-fn propose(
+pub(crate) fn propose(
     backoff: &Backoff,
     attempt: u32,
     previous: Option<Duration>,

@@ -1094,7 +1094,7 @@ pub mod future {
 
     /// What the future reports back to its circuit. A probe dropped before
     /// its outcome frees its slot.
-    pub(super) struct Track {
+    pub(crate) struct Track {
         pub(super) table: Arc<Table>,
         pub(super) slot: usize,
         pub(super) key: u64,
@@ -1102,7 +1102,7 @@ pub mod future {
     }
 
     impl Track {
-        fn finish(mut self, count: Count) {
+        pub(super) fn finish(mut self, count: Count) {
             let admit = std::mem::replace(&mut self.admit, Admit::Untracked);
             self.table.finish(self.slot, self.key, admit, count);
         }
@@ -1193,6 +1193,39 @@ pub mod future {
                 }
             }
         }
+    }
+}
+
+// ===== the breaker's engine, for the whole-stack service =====
+
+#[cfg(feature = "stack")]
+impl CircuitBreakerLayer {
+    /// Let `req` through its circuit, or the open circuit's error (not
+    /// sent): what [`CircuitBreaker::call`] decides.
+    pub(crate) fn admit<B>(&self, req: &Request<B>) -> Result<future::Track, Error> {
+        let table = &self.table;
+        let key = table.key(req.uri());
+        let (slot, admit) = match table.slot_for(key, req.uri()) {
+            None => (0, Ok(Admit::Untracked)),
+            Some(i) => (i, table.admit(i)),
+        };
+        match admit {
+            Ok(admit) => Ok(future::Track {
+                table: self.table.clone(),
+                slot,
+                key,
+                admit,
+            }),
+            Err(until) => Err(open_error(req, table, until)),
+        }
+    }
+}
+
+#[cfg(feature = "stack")]
+impl future::Track {
+    /// Count `out` for the circuit (see the module docs for what counts).
+    pub(crate) fn settle<B>(self, out: &Result<Response<B>, Error>) {
+        self.finish(count_of(out));
     }
 }
 

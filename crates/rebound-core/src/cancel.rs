@@ -85,7 +85,7 @@ impl Cancel {
     }
 }
 
-fn cancelled_error(method: &Method, uri: &Uri) -> Error {
+pub(crate) fn cancelled_error(method: &Method, uri: &Uri) -> Error {
     let mut err = Error::new(ErrorKind::Cancelled).with_request(method, uri);
     err.extensions_mut().insert(Verdict::Fatal {
         reason: Reason::new_static("cancelled by the caller"),

@@ -239,7 +239,7 @@ impl GateTable {
     /// The authority's key: scheme, lower-cased host and effective port.
     /// `Uri::host` never includes userinfo. Requests without an authority
     /// (origin-form) share one key: they all go to the same inner service.
-    fn key(&self, uri: &Uri) -> u64 {
+    pub(crate) fn key(&self, uri: &Uri) -> u64 {
         let mut h = self.hasher.build_hasher();
         crate::redact::hash_authority(uri, &mut h);
         h.finish()
@@ -253,7 +253,7 @@ impl GateTable {
 
     /// Until when `key`'s gate is closed after `now`; expired entries are
     /// removed when met.
-    fn check(&self, key: u64, now: Instant) -> Option<Instant> {
+    pub(crate) fn check(&self, key: u64, now: Instant) -> Option<Instant> {
         if self.len.load(Ordering::Acquire) == 0 {
             return None;
         }
@@ -268,7 +268,7 @@ impl GateTable {
         }
     }
 
-    fn close_key(&self, key: u64, until: Instant) {
+    pub(crate) fn close_key(&self, key: u64, until: Instant) {
         let mut entries = self.lock();
         if let Some(existing) = entries.get_mut(&key) {
             *existing = (*existing).max(until);
@@ -706,5 +706,102 @@ where
             }
         }
         Poll::Ready(Ok(res))
+    }
+}
+
+// ===== the gate's engine, for the whole-stack service =====
+
+#[cfg(feature = "stack")]
+impl RetryAfterGateLayer {
+    /// What a request does at a closed gate.
+    pub(crate) fn gate_mode(&self) -> GateMode {
+        self.config.mode
+    }
+
+    /// Whether an attempt's response with `status` closes its host's gate
+    /// (when it carries a hint).
+    pub(crate) fn closes_on(&self, status: StatusCode) -> bool {
+        let c = &self.config;
+        match status {
+            StatusCode::TOO_MANY_REQUESTS => c.closes && c.mode != GateMode::Off,
+            StatusCode::SERVICE_UNAVAILABLE => {
+                c.closes && c.close_on_503 && c.mode != GateMode::Off
+            }
+            _ => false,
+        }
+    }
+}
+
+#[cfg(feature = "stack")]
+/// [`ErrorKind::Throttled`] for the request `name`: its gate is closed until
+/// `until`.
+pub(crate) fn throttled_named(
+    name: &crate::redact::RequestName,
+    until: Instant,
+    now: Instant,
+    detail: Option<&'static str>,
+) -> Error {
+    let mut err = Error::new(ErrorKind::Throttled);
+    if let Some(detail) = detail {
+        err = err.with_detail(detail);
+    }
+    let mut err = name.name(err);
+    err.extensions_mut()
+        .insert(RetryAfterHint(until.saturating_duration_since(now)));
+    err.extensions_mut().insert(Verdict::Fatal {
+        reason: Reason::new_static("throttled by the Retry-After gate"),
+    });
+    err
+}
+
+#[cfg(feature = "stack")]
+/// The wait of a request at the closed gate of `key` (until `until`, or
+/// later if the pause is extended meanwhile), bounded by `deadline`: a
+/// deadline that comes before the gate opens fails it with
+/// [`ErrorKind::Throttled`], as [`RetryAfterGate`] does. Boxed: off the
+/// happy path.
+pub(crate) fn wait_open(
+    table: Arc<GateTable>,
+    key: u64,
+    until: Instant,
+    deadline: Option<Instant>,
+    name: crate::redact::RequestName,
+) -> Pin<Box<dyn Future<Output = Result<(), Error>> + Send>> {
+    Box::pin(async move {
+        let mut until = until;
+        loop {
+            if deadline.is_some_and(|d| d < until) {
+                return Err(throttled_named(
+                    &name,
+                    until,
+                    Instant::now(),
+                    Some("the deadline comes before the pause ends"),
+                ));
+            }
+            tokio::time::sleep_until(until).await;
+            match table.check(key, Instant::now()) {
+                Some(later) => until = later,
+                None => return Ok(()),
+            }
+        }
+    })
+}
+
+#[cfg(feature = "stack")]
+/// Close the gate of `key` when an attempt's response asks for a pause
+/// (its [`RetryAfterHint`], not zero); what [`RetryAfterGate`]'s response
+/// future does on the way up.
+pub(crate) fn close_after(table: &GateTable, key: u64, status: StatusCode, ext: &http::Extensions) {
+    if let Some(RetryAfterHint(pause)) = ext.get() {
+        // A hint too large for the clock is "no hint".
+        let until = Instant::now().checked_add(*pause);
+        if let (false, Some(until)) = (pause.is_zero(), until) {
+            table.close_key(key, until);
+            tracing::debug!(
+                status = status.as_u16(),
+                pause_ms = pause.as_millis() as u64,
+                "retry-after gate closed"
+            );
+        }
     }
 }

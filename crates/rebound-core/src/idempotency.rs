@@ -202,7 +202,7 @@ impl<M> Clone for IdempotencyKeyLayer<M> {
 }
 
 /// Cheap to clone (reference counts), whatever the generator is.
-struct Config<M> {
+pub(crate) struct Config<M> {
     header: HeaderName,
     methods: Arc<[Method]>,
     conflicts_fatal: bool,
@@ -469,12 +469,22 @@ pub mod future {
         }
     }
 
-    pub(super) fn conflict_reason(status: StatusCode) -> Option<&'static str> {
+    pub(crate) fn conflict_reason(status: StatusCode) -> Option<&'static str> {
         match status {
             StatusCode::CONFLICT => Some(REASON_IN_FLIGHT),
             StatusCode::UNPROCESSABLE_ENTITY => Some(REASON_REUSED),
             _ => None,
         }
+    }
+}
+
+#[cfg(feature = "stack")]
+impl<M: MakeIdempotencyKey> IdempotencyKeyLayer<M> {
+    /// Give `req` its key, as the layer's service does; `true` when this
+    /// request's responses are then checked for key conflicts (see
+    /// [`conflicts_fatal`](Self::conflicts_fatal)).
+    pub(crate) fn stamp<B>(&self, req: &mut Request<B>) -> bool {
+        self.config.apply(req) && self.config.conflicts_fatal
     }
 }
 

@@ -119,6 +119,11 @@ pub mod shutdown;
 #[cfg(any(feature = "limit", feature = "retry-after"))]
 mod wait;
 
+// --- the whole stack as one service (DESIGN.md §13) ---
+#[cfg(feature = "stack")]
+#[cfg_attr(docsrs, doc(cfg(feature = "stack")))]
+pub mod stack;
+
 // --- observability ---
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]

@@ -151,6 +151,12 @@ pub struct RequestName {
 }
 
 impl RequestName {
+    #[cfg(feature = "stack")]
+    /// The name of a request with this method and URI.
+    pub(crate) fn new(method: http::Method, uri: Uri) -> Self {
+        RequestName { method, uri }
+    }
+
     /// The name of `req` (clones its method and URI: reference counts, no
     /// allocation for standard methods).
     pub fn of<B>(req: &http::Request<B>) -> Self {

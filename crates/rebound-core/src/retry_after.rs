@@ -207,7 +207,7 @@ pub fn retry_after_hint(
 type Clock = Arc<dyn Fn() -> SystemTime + Send + Sync>;
 
 #[derive(Clone)]
-struct Config {
+pub(crate) struct Config {
     statuses: Arc<[StatusCode]>,
     max: Duration,
     over_cap: OverCap,
@@ -226,7 +226,12 @@ impl Config {
         }
     }
 
-    fn annotate(&self, status: StatusCode, headers: &HeaderMap, ext: &mut http::Extensions) {
+    pub(crate) fn annotate(
+        &self,
+        status: StatusCode,
+        headers: &HeaderMap,
+        ext: &mut http::Extensions,
+    ) {
         let Some(verdict) = ext.get::<Verdict>() else {
             return; // success: nothing to do
         };
@@ -309,6 +314,13 @@ impl Default for RetryAfterLayer {
 }
 
 impl RetryAfterLayer {
+    #[cfg(feature = "stack")]
+    /// What the layer's service does with an outcome (for the whole-stack
+    /// service, which calls it without nesting the layer).
+    pub(crate) fn config(&self) -> &Config {
+        &self.config
+    }
+
     /// Read `Retry-After` on 429 and 503, cap at 60 s, clamp over-cap values.
     pub fn new() -> Self {
         RetryAfterLayer {

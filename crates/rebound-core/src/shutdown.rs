@@ -647,3 +647,71 @@ pub mod future {
         }
     }
 }
+
+// === the shutdown's engine, for the whole-stack service ===
+
+#[cfg(feature = "stack")]
+/// A request counted open by its [`ShutdownHandle`] (as [`Shutdown`]'s
+/// future counts it): ends, as completed, when dropped.
+pub(crate) struct Entered {
+    shared: Option<Arc<Shared>>,
+    shard: usize,
+}
+
+#[cfg(feature = "stack")]
+impl ShutdownHandle {
+    /// Count a new request open; `None` (nothing counted) once the shutdown
+    /// began: the request is refused.
+    pub(crate) fn enter(&self) -> Option<Entered> {
+        let shared = &self.shared;
+        let prev = shared.state.fetch_add(1, Ordering::AcqRel);
+        if prev & CLOSED != 0 {
+            shared.end();
+            return None;
+        }
+        Some(Entered {
+            shared: Some(Arc::clone(shared)),
+            shard: prev % SHARDS,
+        })
+    }
+
+    /// The "stop waiting" signal, for the waits of a request.
+    pub(crate) fn closing(&self) -> &Closing {
+        &self.shared.closing
+    }
+}
+
+#[cfg(feature = "stack")]
+impl Entered {
+    /// Resolves when the grace period ends and this request is to be cut.
+    pub(crate) fn cut(&self) -> WaitForCancellationFutureOwned {
+        let shared = self.shared.as_ref().expect("entered");
+        shared.shards[self.shard].clone().cancelled_owned()
+    }
+
+    /// The request ended; `true` if the shutdown counts it as cut.
+    pub(crate) fn end(mut self) -> bool {
+        self.shared.take().is_some_and(|shared| shared.end())
+    }
+}
+
+#[cfg(feature = "stack")]
+impl Drop for Entered {
+    fn drop(&mut self) {
+        if let Some(shared) = self.shared.take() {
+            shared.end();
+        }
+    }
+}
+
+#[cfg(feature = "stack")]
+/// The error of a request the shutdown refused (`NotSent`) or cut.
+pub(crate) fn closed(name: &crate::redact::RequestName, sent: Sent, reason: &'static str) -> Error {
+    let mut err = name.name(Error::new(ErrorKind::Closed).with_detail(reason));
+    let ext = err.extensions_mut();
+    ext.insert(sent);
+    ext.insert(Verdict::Fatal {
+        reason: Reason::new_static("closed"),
+    });
+    err
+}

@@ -144,6 +144,7 @@ use rebound_core::redact::PathRedaction;
 use rebound_core::retry::{RetryBudget, RetryLayer, RetryPolicy};
 use rebound_core::retry_after::{OverCap, RetryAfterLayer};
 use rebound_core::shutdown::{ShutdownHandle, ShutdownLayer, ShutdownReport};
+use rebound_core::stack::{StackBody, StackLayer};
 use rebound_core::trace::{TraceBody, TraceLayer};
 use rebound_core::{BoxError, Error, ErrorKind, Sent};
 use rustls::ClientConfig;
@@ -194,9 +195,86 @@ pub fn default_adaptive_limit() -> Aimd {
 
 /// The body of a response from [`Client`]: the transport's body (idle and
 /// minimum-rate timeouts), holding its concurrency permit until it ends or
-/// is dropped, under the total deadline, and logging a failure at WARN
-/// ([`TraceBody`]).
-pub type ClientBody = TraceBody<DeadlineBody<LimitBody<ResponseBody<Incoming>>>>;
+/// is dropped, under the total deadline, and logging a failure at WARN.
+///
+/// Opaque: which wrappers make it up is the client's business (one,
+/// [`StackBody`], on the client's own path).
+pub struct ClientBody {
+    inner: ClientBodyInner,
+}
+
+/// The two shapes of a [`ClientBody`]: the whole stack's one wrapper, or
+/// the layered stack's nested ones (a client with a hedge, a fallback or a
+/// reconcile check, until those run on the stack's own path too).
+enum ClientBodyInner {
+    Stack(StackBody<ResponseBody<Incoming>>),
+    Layered(LayeredBody),
+}
+
+/// The layered stack's response body.
+pub(crate) type LayeredBody = TraceBody<DeadlineBody<LimitBody<ResponseBody<Incoming>>>>;
+
+impl ClientBody {
+    fn stack(body: StackBody<ResponseBody<Incoming>>) -> Self {
+        ClientBody {
+            inner: ClientBodyInner::Stack(body),
+        }
+    }
+
+    fn layered(body: LayeredBody) -> Self {
+        ClientBody {
+            inner: ClientBodyInner::Layered(body),
+        }
+    }
+
+    /// The transport's body inside (for a reconcile check's response, which
+    /// the request being reconciled wraps again).
+    fn into_transport(self) -> ResponseBody<Incoming> {
+        match self.inner {
+            ClientBodyInner::Stack(b) => b.into_inner(),
+            ClientBodyInner::Layered(b) => b.into_inner().into_inner().into_inner(),
+        }
+    }
+}
+
+impl fmt::Debug for ClientBody {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.inner {
+            ClientBodyInner::Stack(b) => b.fmt(f),
+            ClientBodyInner::Layered(b) => b.fmt(f),
+        }
+    }
+}
+
+impl http_body::Body for ClientBody {
+    type Data = bytes::Bytes;
+    type Error = Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        // Both shapes are `Unpin` (their timers are boxed).
+        match &mut self.get_mut().inner {
+            ClientBodyInner::Stack(b) => Pin::new(b).poll_frame(cx),
+            ClientBodyInner::Layered(b) => Pin::new(b).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.inner {
+            ClientBodyInner::Stack(b) => b.is_end_stream(),
+            ClientBodyInner::Layered(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        match &self.inner {
+            ClientBodyInner::Stack(b) => b.size_hint(),
+            ClientBodyInner::Layered(b) => b.size_hint(),
+        }
+    }
+}
 
 /// The whole stack, outer to inner (see the [module docs](self)), with its
 /// type erased in two places (here and below the retry loop): fourteen
@@ -374,7 +452,7 @@ impl SharedCheck<Response<ClientBody>> {
                 let checked = (inner.call)(id);
                 Box::pin(async move {
                     Ok(map_finished(checked.await?, |res| {
-                        res.map(|body| body.into_inner().into_inner().into_inner())
+                        res.map(ClientBody::into_transport)
                     }))
                 })
             }),
@@ -1082,6 +1160,9 @@ impl ClientBuilder {
         Connector<C>: Connect + Clone + Send + Sync + 'static,
     {
         let timeouts = self.timeouts();
+        // A hedge, a fallback or a reconcile check still runs on the
+        // layered stack; every other client runs on the one-service stack.
+        let layered = !self.hedge.is_off() || self.fallback.is_some() || self.reconcile.is_some();
         let total = timeouts.total;
         let deadline = DeadlineLayer::try_new(total)?;
         let attempt = AttemptTimeoutLayer::try_new(timeouts.attempt)?;
@@ -1148,6 +1229,16 @@ impl ClientBuilder {
 
         // "Off" is a pass-through configuration of the same layer, so the
         // client keeps one concrete type: a limit no one can reach.
+        let stack_concurrency = match (&self.concurrency_shared, self.concurrency) {
+            (Some(shared), _) => Some(ConcurrencyLimitLayer::shared(Arc::clone(shared))),
+            (None, Some(max)) => Some(ConcurrencyLimitLayer::try_new(max)?),
+            (None, None) => None,
+        };
+        let stack_adaptive = match (&self.adaptive_shared, &self.adaptive) {
+            (Some(shared), _) => Some(AdaptiveLimitLayer::shared(Arc::clone(shared))),
+            (None, Some(aimd)) => Some(AdaptiveLimitLayer::try_new(*aimd)?),
+            (None, None) => None,
+        };
         let concurrency = match (self.concurrency_shared, self.concurrency) {
             (Some(shared), _) => ConcurrencyLimitLayer::shared(shared),
             (None, Some(max)) => ConcurrencyLimitLayer::try_new(max)?,
@@ -1180,6 +1271,7 @@ impl ClientBuilder {
             layer.mode(mode).close_on_503(self.gate_503)
         };
         let hold = gate.clone().closes_gates(false);
+        let stack_idempotency = self.idempotency.then(IdempotencyKeyLayer::new);
         let idempotency = if self.idempotency {
             IdempotencyKeyLayer::new()
         } else {
@@ -1187,12 +1279,14 @@ impl ClientBuilder {
         };
 
         let backoff = BackoffLayer::try_new(backoff)?;
+        let classifier = self.classifier.clone();
         let classify = ClassifyLayer::new(self.classifier);
         // Off: not in the stack at all (the `Identity` side of an `Either`).
-        let breaker = tower::util::option_layer(
-            self.breaker
-                .unwrap_or_else(|| Some(CircuitBreakerLayer::default())),
-        );
+        let stack_breaker = self
+            .breaker
+            .clone()
+            .unwrap_or_else(|| Some(CircuitBreakerLayer::default()));
+        let breaker = tower::util::option_layer(stack_breaker.clone());
         let trace = match self.path_redaction {
             Some(path) => self.trace.with_path_redaction(path),
             None => self.trace,
@@ -1200,8 +1294,65 @@ impl ClientBuilder {
 
         // gRPC's two layers only when configured: a plain HTTP request
         // then pays nothing for them (not even a header look-up).
+        let stack_mark = self.grpc_methods.clone().map(MarkRetryableLayer::new);
+        let stack_propagate = self.propagate.clone();
         let mark = option_layer(self.grpc_methods.map(MarkRetryableLayer::new));
         let propagate = option_layer(self.propagate);
+
+        if !layered {
+            // The client's own short path: every layer's policy called from
+            // one service and one future (rebound_core::stack).
+            let stack = StackLayer::new()
+                .trace(trace.clone())
+                .shutdown(Some(shutdown.clone()))
+                .deadline(deadline)
+                .retry_after_gate(Some(gate.clone()))
+                .concurrency_limit(stack_concurrency)
+                .idempotency_key(stack_idempotency)
+                .grpc_retryable(stack_mark)
+                .retry(retry.clone())
+                .propagate_deadline(stack_propagate)
+                .backoff(backoff.clone())
+                .circuit_breaker(stack_breaker)
+                .adaptive_limit(stack_adaptive)
+                .retry_after(retry_after.clone())
+                .attempt_timeout(attempt)
+                .classifier(classifier)
+                .layer(transport.clone());
+            let stack = tower::util::MapResponse::new(
+                stack,
+                |res: Response<StackBody<ResponseBody<Incoming>>>| res.map(ClientBody::stack),
+            );
+            fn typed<S: Service<Request<Body>>>(s: S) -> S {
+                s
+            }
+            let stack = typed(stack);
+            let collected = CollectingAttemptStack::new(
+                CollectBodyLayer::new()
+                    .max_bytes(self.max_response_body)
+                    .layer(attempt.layer(transport)),
+            );
+            let collecting_attempts = CollectingAttemptStack::new(trace.attempt_layer().layer(
+                propagate.layer(backoff.layer(gate.layer(
+                    breaker.layer(adaptive.layer(retry_after.layer(classify.layer(collected)))),
+                ))),
+            ));
+            let closes = ShutdownLayer::new(&shutdown);
+            let collecting = trace.layer(closes.layer(CancelLayer::new().layer(deadline.layer(
+                hold.layer(
+                    concurrency.layer(idempotency.layer(fallback.layer(mark.layer(
+                        retry.layer(hedge.layer(collecting_reconcile.layer(collecting_attempts))),
+                    )))),
+                ),
+            ))));
+            return Ok(Client {
+                inner: Stack::new(stack),
+                collecting: CollectingStack::new(collecting),
+                replay_cap: self.replay_cap,
+                path: trace.path_redaction().clone(),
+                shutdown,
+            });
+        }
 
         let attempts = AttemptStack::new(trace.attempt_layer().layer(propagate.layer(
             backoff.layer(gate.layer(breaker.layer(
@@ -1211,11 +1362,16 @@ impl ClientBuilder {
         // Shutdown right under the request span (which then records a
         // refused or cut request), above everything that waits.
         let closes = ShutdownLayer::new(&shutdown);
-        let stack = trace.layer(closes.layer(CancelLayer::new().layer(deadline.layer(
-            hold.layer(concurrency.layer(idempotency.layer(
-                fallback.layer(mark.layer(retry.layer(hedge.layer(reconcile.layer(attempts))))),
-            ))),
-        ))));
+        let stack =
+            trace
+                .layer(
+                    closes.layer(CancelLayer::new().layer(deadline.layer(hold.layer(
+                        concurrency.layer(idempotency.layer(fallback.layer(
+                            mark.layer(retry.layer(hedge.layer(reconcile.layer(attempts)))),
+                        ))),
+                    )))),
+                )
+                .map_response(|res: Response<LayeredBody>| res.map(ClientBody::layered));
 
         // The JSON helpers' stack: the very same layer values (their state is
         // behind `Arc`s, so both stacks share the pool, budget, limiters and

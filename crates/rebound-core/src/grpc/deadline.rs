@@ -151,6 +151,17 @@ impl PropagateDeadlineLayer {
         self.grpc = on;
         self
     }
+
+    #[cfg(feature = "stack")]
+    /// Write the time left before `deadline` into `req`, as the layer's
+    /// service does.
+    pub(crate) fn write<B>(&self, req: &mut Request<B>, deadline: Instant) {
+        let grpc = self.grpc && is_grpc(req.headers());
+        if grpc || self.header.is_some() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            write_left(req.headers_mut(), left, grpc, self.header.as_ref());
+        }
+    }
 }
 
 impl<S> Layer<S> for PropagateDeadlineLayer {

@@ -168,6 +168,13 @@ impl MarkRetryableLayer {
     pub fn new(methods: RetryableMethods) -> Self {
         MarkRetryableLayer { methods }
     }
+
+    #[cfg(feature = "stack")]
+    /// Whether `req` is a gRPC call to a method declared safe (what the
+    /// service marks [`Idempotent`]).
+    pub(crate) fn is_marked<B>(&self, req: &Request<B>) -> bool {
+        is_grpc(req.headers()) && self.methods.is_retryable(req.uri().path())
+    }
 }
 
 impl<S> Layer<S> for MarkRetryableLayer {

@@ -837,3 +837,83 @@ where
         })
     }
 }
+
+// === the limit's engine, for the whole-stack service ===
+
+#[cfg(feature = "stack")]
+/// An attempt's slot in the adaptive limit, as the whole-stack service
+/// holds it: released as a neutral outcome if dropped.
+pub(crate) struct AttemptSlot {
+    slot: Slot,
+    queued: bool,
+}
+
+#[cfg(feature = "stack")]
+impl AdaptiveLimiter {
+    /// A free slot now (the happy path), if any.
+    pub(crate) fn try_slot(self: &Arc<Self>) -> Option<AttemptSlot> {
+        let permit = self.semaphore.clone().try_acquire_owned().ok()?;
+        Some(AttemptSlot {
+            slot: Slot::new(permit, self),
+            queued: false,
+        })
+    }
+
+    /// The slow path: queue for a slot until `deadline`, with
+    /// [`AdaptiveLimit`]'s error when it passes first. Boxed: only an
+    /// attempt that found no free slot waits.
+    pub(crate) fn wait_slot(
+        self: &Arc<Self>,
+        deadline: Option<tokio::time::Instant>,
+        name: crate::redact::RequestName,
+    ) -> Pin<Box<dyn Future<Output = Result<AttemptSlot, Error>> + Send>> {
+        let queue = QueueSlot::enter(self);
+        let wait = wait_permit(self.semaphore.clone(), deadline);
+        Box::pin(async move {
+            let permit = wait.await;
+            let limiter = queue.0.clone();
+            drop(queue);
+            match permit {
+                Some(permit) => Ok(AttemptSlot {
+                    slot: Slot::new(permit, &limiter),
+                    queued: true,
+                }),
+                None => {
+                    let mut err = name.name(
+                        Error::timeout(TimeoutStage::Deadline)
+                            .with_detail("while waiting for an adaptive-limit slot"),
+                    );
+                    err.extensions_mut().insert(Verdict::Fatal {
+                        reason: Reason::new_static("deadline passed while queued"),
+                    });
+                    Err(err)
+                }
+            }
+        })
+    }
+}
+
+#[cfg(feature = "stack")]
+impl AttemptSlot {
+    /// Feed the attempt's outcome into the limit and give the slot back;
+    /// the outcome shows the limiter's state off the happy path (the
+    /// attempt queued, or overloaded the upstream), as [`AdaptiveLimit`]'s
+    /// does.
+    pub(crate) fn settle<B>(self, out: &mut Result<Response<B>, Error>) {
+        let AttemptSlot { slot, queued } = self;
+        let limiter = slot.limiter.clone();
+        let outcome = match out {
+            Ok(res) => outcome_of_response(res),
+            Err(err) => outcome_of_error(err),
+        };
+        let before = (queued || outcome == Outcome::Overload).then(|| limiter.state());
+        slot.finish(outcome);
+        if let Some(state) = before {
+            let state = limiter.after(state);
+            match out {
+                Ok(res) => res.extensions_mut().insert(state),
+                Err(err) => err.extensions_mut().insert(state),
+            };
+        }
+    }
+}

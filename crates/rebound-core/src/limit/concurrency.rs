@@ -680,3 +680,51 @@ impl<B: Body> Body for LimitBody<B> {
         self.inner.size_hint()
     }
 }
+
+// === the limit's engine, for the whole-stack service ===
+
+#[cfg(feature = "stack")]
+impl ConcurrencyLimiter {
+    /// A free permit now (the happy path), if any.
+    pub(crate) fn try_permit(&self) -> Option<OwnedSemaphorePermit> {
+        self.semaphore.clone().try_acquire_owned().ok()
+    }
+
+    /// The slow path: a place in the FIFO queue, then the permit, by
+    /// `deadline` at the latest; the errors [`ConcurrencyLimit`] gives
+    /// (queue full, deadline while queued), naming `name`. Boxed: only a
+    /// request that found no free permit waits.
+    pub(crate) fn wait_permit(
+        self: &Arc<Self>,
+        deadline: Option<tokio::time::Instant>,
+        name: crate::redact::RequestName,
+    ) -> Pin<Box<dyn Future<Output = Result<OwnedSemaphorePermit, Error>> + Send>> {
+        let Some(slot) = self.enter_queue() else {
+            let mut err = name.name(Error::new(ErrorKind::Rejected).with_detail("queue full"));
+            err.extensions_mut().insert(Verdict::Fatal {
+                reason: Reason::new_static("rejected by the concurrency limiter"),
+            });
+            return Box::pin(std::future::ready(Err(err)));
+        };
+        let wait = super::wait_permit(self.semaphore.clone(), deadline);
+        Box::pin(async move {
+            let permit = wait.await;
+            drop(slot);
+            permit.ok_or_else(|| {
+                let mut err = name.name(
+                    Error::timeout(TimeoutStage::Deadline)
+                        .with_detail("while waiting for a concurrency permit"),
+                );
+                err.extensions_mut().insert(Verdict::Fatal {
+                    reason: Reason::new_static("deadline passed while queued"),
+                });
+                err
+            })
+        })
+    }
+
+    /// This limiter's state, for the outcome of a request that waited.
+    pub(crate) fn observed(&self) -> LimiterState {
+        self.state()
+    }
+}

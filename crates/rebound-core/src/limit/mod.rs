@@ -105,6 +105,8 @@
 pub mod adaptive;
 pub mod concurrency;
 
+#[cfg(feature = "stack")]
+pub(crate) use self::adaptive::AttemptSlot;
 pub use self::adaptive::{AdaptiveLimit, AdaptiveLimitLayer, AdaptiveLimiter, Aimd};
 pub use self::concurrency::{
     ConcurrencyLimit, ConcurrencyLimitLayer, ConcurrencyLimiter, LimitBody,

@@ -26,7 +26,7 @@ use crate::error::{BoxError, Error};
 const DRAIN_MAX_BYTES: usize = 64 * 1024;
 /// A discarded response is read for at most this long (and never past the
 /// sleep).
-const DRAIN_MAX_TIME: Duration = Duration::from_secs(1);
+pub(crate) const DRAIN_MAX_TIME: Duration = Duration::from_secs(1);
 /// Frames read per poll before yielding, so a body that is always ready
 /// cannot starve the executor.
 const DRAIN_FRAMES_PER_POLL: usize = 32;
@@ -78,33 +78,33 @@ pin_project! {
 }
 
 /// Everything the loop keeps between attempts (not pinned).
-pub(super) struct Replay<S, B: RetryBody> {
+pub(crate) struct Replay<S, B: RetryBody> {
     /// The inner service, when a retry is possible.
-    pub(super) service: Option<S>,
+    pub(crate) service: Option<S>,
     /// The request head and what the body kept, to copy for each retry.
-    pub(super) template: Option<(Parts, B::Kept)>,
+    pub(crate) template: Option<(Parts, B::Kept)>,
     /// The next attempt's request, made before the sleep.
-    pub(super) next: Option<Request<B>>,
+    pub(crate) next: Option<Request<B>>,
     /// Method and URI for naming errors, when there is no template.
-    pub(super) name: Option<(Method, Uri)>,
-    pub(super) replayable: bool,
-    pub(super) idempotent: bool,
-    pub(super) deadline: Option<Instant>,
-    pub(super) policy: RetryPolicy,
+    pub(crate) name: Option<(Method, Uri)>,
+    pub(crate) replayable: bool,
+    pub(crate) idempotent: bool,
+    pub(crate) deadline: Option<Instant>,
+    pub(crate) policy: RetryPolicy,
     /// The number of the attempt in flight (1-based).
-    pub(super) attempt: u32,
+    pub(crate) attempt: u32,
 }
 
 /// Reads a discarded response body, bounded in bytes, so its connection can
 /// be reused.
-struct Drain<B> {
+pub(crate) struct Drain<B> {
     body: Pin<Box<B>>,
     read: usize,
 }
 
 impl<B: Body> Drain<B> {
     /// `true` when the drain is over (end, error, or byte cap).
-    fn poll_done(&mut self, cx: &mut Context<'_>) -> bool {
+    pub(crate) fn poll_done(&mut self, cx: &mut Context<'_>) -> bool {
         for _ in 0..DRAIN_FRAMES_PER_POLL {
             match self.body.as_mut().poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => {
@@ -124,7 +124,7 @@ impl<B: Body> Drain<B> {
     }
 }
 
-enum Decision<ResB> {
+pub(crate) enum Decision<ResB> {
     Return(Result<Response<ResB>, Error>),
     Retry {
         until: Instant,
@@ -134,7 +134,7 @@ enum Decision<ResB> {
 }
 
 /// What the next attempt's request is made from.
-struct Plan {
+pub(crate) struct Plan {
     /// The attempt that just failed.
     n: u32,
     verdict: Verdict,
@@ -145,8 +145,8 @@ struct Plan {
 
 /// A retry decided but for its body, which was still being sent: the
 /// outcome to return if the body cannot be sent whole after the wait.
-struct Held<ResB> {
-    outcome: Result<Response<ResB>, Error>,
+pub(crate) struct Held<ResB> {
+    pub(crate) outcome: Result<Response<ResB>, Error>,
     plan: Plan,
 }
 
@@ -165,7 +165,63 @@ impl<S, B> Replay<S, B>
 where
     B: RetryBody,
 {
-    fn name(&self) -> Option<(&Method, &Uri)> {
+    /// Everything the loop keeps for `req`, under `policy`, and the first
+    /// attempt's request: counts the request in the budget, decides its
+    /// eligibility, and keeps the head and a replay of the body when a
+    /// retry is possible. The service (for [`Retry`](super::Retry)'s own
+    /// loop) is set by the caller when [`may_retry`](Self::may_retry).
+    pub(crate) fn prepare(
+        policy: &RetryPolicy,
+        req: Request<B>,
+        deadline: Option<Instant>,
+    ) -> (Request<B>, Self) {
+        policy.budget.deposit();
+        let (parts, body) = req.into_parts();
+        let idempotent = super::is_idempotent(policy, &parts);
+        let max_attempts = policy.max_attempts;
+        let (body, template, replayable) = if max_attempts <= 1 {
+            (body, None, true)
+        } else {
+            match body.keep() {
+                (body, Some(kept)) => (body, Some((parts.clone(), kept)), true),
+                (body, None) => (body, None, false),
+            }
+        };
+        let name = if template.is_none() {
+            Some((parts.method.clone(), parts.uri.clone()))
+        } else {
+            None
+        };
+        let replay = Replay {
+            service: None,
+            template,
+            next: None,
+            name,
+            replayable,
+            idempotent,
+            deadline,
+            policy: policy.clone(),
+            attempt: 1,
+        };
+        (Request::from_parts(parts, body), replay)
+    }
+
+    /// Whether a retry can be made at all (a head and body copy are kept).
+    pub(crate) fn may_retry(&self) -> bool {
+        self.template.is_some()
+    }
+
+    #[cfg(feature = "stack")]
+    /// The method and URI errors are named with, moved out (for the response
+    /// body of a stack that returns now): no clone.
+    pub(crate) fn take_name(&mut self) -> Option<(Method, Uri)> {
+        match self.template.take() {
+            Some((parts, _)) => Some((parts.method, parts.uri)),
+            None => self.name.take(),
+        }
+    }
+
+    pub(crate) fn name(&self) -> Option<(&Method, &Uri)> {
         match (&self.template, &self.name) {
             (Some((parts, _)), _) => Some((&parts.method, &parts.uri)),
             (None, Some((m, u))) => Some((m, u)),
@@ -176,7 +232,7 @@ where
     /// The outcome of a request whose sleep a shutdown ended: its last
     /// attempt's response was drained, so a `Closed` error (fatal) that
     /// carries that attempt's verdict as [`PreviousAttempt`].
-    fn closed_error(&mut self) -> Error {
+    pub(crate) fn closed_error(&mut self) -> Error {
         let mut err = Error::new(crate::error::ErrorKind::Closed)
             .with_detail("shut down while waiting to retry");
         let previous = self
@@ -194,7 +250,7 @@ where
     }
 
     /// Annotate and hand back the last real outcome.
-    fn finish<ResB>(
+    pub(crate) fn finish<ResB>(
         &self,
         mut outcome: Result<Response<ResB>, Error>,
         stop: Option<RetryStop>,
@@ -222,7 +278,10 @@ where
     }
 
     /// Retry, or stop with the outcome.
-    fn decide<ResB: Body>(&mut self, mut outcome: Result<Response<ResB>, Error>) -> Decision<ResB> {
+    pub(crate) fn decide<ResB: Body>(
+        &mut self,
+        mut outcome: Result<Response<ResB>, Error>,
+    ) -> Decision<ResB> {
         let n = self.attempt;
         let ext = extensions_mut(&mut outcome);
         let sent = match ext.get::<Verdict>() {
@@ -363,7 +422,10 @@ where
 
     /// After the wait, the retry that was waiting for its body: planned if
     /// the body can now be sent whole, else the held outcome, returned.
-    fn resume<ResB>(&mut self, held: Held<ResB>) -> Option<Result<Response<ResB>, Error>> {
+    pub(crate) fn resume<ResB>(
+        &mut self,
+        held: Held<ResB>,
+    ) -> Option<Result<Response<ResB>, Error>> {
         let Held { mut outcome, plan } = held;
         let Some(body) = self.replay_body() else {
             extensions_mut(&mut outcome).insert(Verdict::Fatal {
@@ -429,7 +491,7 @@ where
     S: Service<Request<B>>,
     B: RetryBody,
 {
-    pub(super) fn new(fut: S::Future, replay: Replay<S, B>) -> Self {
+    pub(crate) fn new(fut: S::Future, replay: Replay<S, B>) -> Self {
         ResponseFuture {
             state: State::Called { fut },
             replay,

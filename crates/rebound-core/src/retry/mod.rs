@@ -286,56 +286,32 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        self.policy.budget.deposit();
         // The ready service goes with this request; `self` keeps a clone
         // that must be made ready again.
         let clone = self.inner.clone();
         let mut svc = mem::replace(&mut self.inner, clone);
-
-        let (parts, body) = req.into_parts();
-        // A blank key (empty or only whitespace) is no key, as for the
-        // idempotency-key layer: the server trims it and cannot recognise a
-        // repeat by it. What the server sees is the header, so a blank
-        // header is no key whatever the annotation says.
-        let idempotent = self.policy.is_eligible_method(&parts.method)
-            || parts.extensions.get::<Idempotent>().is_some()
-            || match parts.headers.get(IDEMPOTENCY_KEY) {
-                Some(v) => !IdempotencyKey::is_blank(v),
-                None => parts
-                    .extensions
-                    .get::<IdempotencyKey>()
-                    .is_some_and(|k| !IdempotencyKey::is_blank(&k.0)),
-            };
-        let deadline = Deadline::of(&parts.extensions);
-        let max_attempts = self.policy.max_attempts;
-        let (body, template, replayable) = if max_attempts <= 1 {
-            (body, None, true)
-        } else {
-            match body.keep() {
-                (body, Some(kept)) => (body, Some((parts.clone(), kept)), true),
-                (body, None) => (body, None, false),
-            }
-        };
-        let name = if template.is_none() {
-            Some((parts.method.clone(), parts.uri.clone()))
-        } else {
-            None
-        };
-        let fut = svc.call(Request::from_parts(parts, body));
-        let service = template.as_ref().map(|_| svc);
-        future::ResponseFuture::new(
-            fut,
-            future::Replay {
-                service,
-                template,
-                next: None,
-                name,
-                replayable,
-                idempotent,
-                deadline,
-                policy: self.policy.clone(),
-                attempt: 1,
-            },
-        )
+        let deadline = Deadline::of(req.extensions());
+        let (req, mut replay) = future::Replay::prepare(&self.policy, req, deadline);
+        let fut = svc.call(req);
+        if replay.may_retry() {
+            replay.service = Some(svc);
+        }
+        future::ResponseFuture::new(fut, replay)
     }
+}
+
+/// Whether a request with these parts may be sent again after it may have
+/// been processed: an eligible method, an [`Idempotent`] mark, or an
+/// idempotency key that is not blank (the header wins over the annotation:
+/// it is what the server sees).
+pub(crate) fn is_idempotent(policy: &RetryPolicy, parts: &http::request::Parts) -> bool {
+    policy.is_eligible_method(&parts.method)
+        || parts.extensions.get::<Idempotent>().is_some()
+        || match parts.headers.get(IDEMPOTENCY_KEY) {
+            Some(v) => !IdempotencyKey::is_blank(v),
+            None => parts
+                .extensions
+                .get::<IdempotencyKey>()
+                .is_some_and(|k| !IdempotencyKey::is_blank(&k.0)),
+        }
 }

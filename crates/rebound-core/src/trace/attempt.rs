@@ -11,7 +11,7 @@ use tracing::field::Empty;
 use tracing::{Level, Span};
 
 use super::config::{Config, RequestContext};
-use super::future::AttemptFuture;
+use super::future::{AttemptFuture, AttemptState};
 use super::outcome::millis;
 use super::{BudgetLeft, LimiterState, TARGET};
 use crate::annotations::{Attempt, PreviousAttempt};
@@ -138,52 +138,65 @@ where
     }
 
     fn call(&mut self, mut req: Request<ReqB>) -> Self::Future {
-        let cfg = &self.cfg;
-        let attempt = Attempt::of(req.extensions());
-        if let Some(name) = &cfg.attempt_header {
-            req.headers_mut()
-                .insert(name.clone(), HeaderValue::from(attempt));
-        }
-        let budget_left = req.extensions().get::<BudgetLeft>().map(|b| b.0);
-        let span = attempt_span(attempt, budget_left);
-        // When spans are off, events name the request themselves; only the
-        // DEBUG `attempt finished` event outlives this call.
-        let context = |level: Level| {
-            (span.is_disabled() && tracing::level_enabled!(level))
-                .then(|| RequestContext::new(cfg, &req))
-        };
-        let ctx = context(Level::DEBUG);
-        // The retry loop stamps `PreviousAttempt` only on an attempt it
-        // decided to make: this is where a retry is known to happen.
-        if let Some(previous) = req.extensions().get::<PreviousAttempt>() {
-            let limiter = req.extensions().get::<LimiterState>();
-            let info_ctx = match &ctx {
-                Some(_) => None,
-                None => context(Level::INFO),
-            };
-            let _entered = span.enter();
-            retrying(
-                cfg,
-                attempt,
-                previous,
-                budget_left,
-                limiter,
-                ctx.as_ref().or(info_ctx.as_ref()),
-            );
-            #[cfg(feature = "metrics")]
-            {
-                let reason = previous.verdict.reason().map_or("unknown", |r| r.as_str());
-                let source = previous.delay.map(|d| d.source.as_str());
-                crate::metrics::record_retry(req.method(), reason, source);
-            }
-        }
-        let method = req.method().clone();
+        let state = begin_attempt(&self.cfg, &mut req);
         let future = {
-            let _entered = span.enter();
+            let _entered = state.span.enter();
             self.inner.call(req)
         };
-        AttemptFuture::new(future, span, cfg.clone(), method, ctx, attempt, budget_left)
+        AttemptFuture::new(future, state)
     }
+}
+
+/// An attempt's trace, begun: the attempt header set (when configured), its
+/// span made, and the INFO `retrying` event of an attempt the retry loop
+/// decided to make. Shared by [`AttemptTrace`] and the whole-stack service.
+pub(crate) fn begin_attempt<B>(cfg: &Arc<Config>, req: &mut Request<B>) -> AttemptState {
+    let attempt = Attempt::of(req.extensions());
+    if let Some(name) = &cfg.attempt_header {
+        req.headers_mut()
+            .insert(name.clone(), HeaderValue::from(attempt));
+    }
+    let budget_left = req.extensions().get::<BudgetLeft>().map(|b| b.0);
+    let span = attempt_span(attempt, budget_left);
+    // When spans are off, events name the request themselves; only the
+    // DEBUG `attempt finished` event outlives this call.
+    let context = |level: Level| {
+        (span.is_disabled() && tracing::level_enabled!(level))
+            .then(|| RequestContext::new(cfg, req))
+    };
+    let ctx = context(Level::DEBUG);
+    // The retry loop stamps `PreviousAttempt` only on an attempt it
+    // decided to make: this is where a retry is known to happen.
+    if let Some(previous) = req.extensions().get::<PreviousAttempt>() {
+        let limiter = req.extensions().get::<LimiterState>();
+        let info_ctx = match &ctx {
+            Some(_) => None,
+            None => context(Level::INFO),
+        };
+        let _entered = span.enter();
+        retrying(
+            cfg,
+            attempt,
+            previous,
+            budget_left,
+            limiter,
+            ctx.as_ref().or(info_ctx.as_ref()),
+        );
+        #[cfg(feature = "metrics")]
+        {
+            let reason = previous.verdict.reason().map_or("unknown", |r| r.as_str());
+            let source = previous.delay.map(|d| d.source.as_str());
+            crate::metrics::record_retry(req.method(), reason, source);
+        }
+    }
+    AttemptState::new(
+        span,
+        cfg.clone(),
+        req.method().clone(),
+        ctx,
+        attempt,
+        budget_left,
+    )
 }
 
 fn attempt_span(attempt: u32, budget_left: Option<u32>) -> Span {

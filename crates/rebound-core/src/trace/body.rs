@@ -116,7 +116,7 @@ where
 
 impl BodyWatch {
     /// Log the failure; the configuration is handed back for later errors.
-    fn failed(self, err: &Error) -> Arc<Config> {
+    pub(crate) fn failed(self, err: &Error) -> Arc<Config> {
         let stage = match err.kind() {
             ErrorKind::Timeout(stage) => Some(stage.as_str()),
             _ => None,

@@ -63,23 +63,10 @@ impl<F> fmt::Debug for ResponseFuture<F> {
 }
 
 impl<F> ResponseFuture<F> {
-    pub(crate) fn new(
-        inner: F,
-        span: Span,
-        cfg: Arc<Config>,
-        method: Method,
-        ctx: Option<RequestContext>,
-    ) -> Self {
-        let start = start_if(observed(&span, Level::WARN));
+    pub(crate) fn new(inner: F, state: RequestState) -> Self {
         ResponseFuture {
             inner,
-            state: Some(RequestState {
-                span,
-                cfg,
-                method,
-                ctx,
-                start,
-            }),
+            state: Some(state),
         }
     }
 }
@@ -98,23 +85,15 @@ where
             ready!(this.inner.poll(cx))
         };
         let mut result = result.map_err(|e| Error::from_boxed(e.into()));
-        let watch = this.state.take().map(|state| {
-            state.finish(&mut result);
-            // The body outlives the head: it logs its own failure (and
-            // redacts its errors' paths with the same configuration, moved,
-            // not cloned).
-            BodyWatch {
-                span: state.span,
-                ctx: state.ctx,
-                cfg: state.cfg,
-            }
-        });
+        let watch = this.state.take().map(|state| state.finish(&mut result));
         Poll::Ready(result.map(|res| res.map(|body| TraceBody::new(body, watch))))
     }
 }
 
-struct RequestState {
-    span: Span,
+/// A logical request's trace, from its start to its outcome (see
+/// [`begin`](super::request::begin)).
+pub(crate) struct RequestState {
+    pub(crate) span: Span,
     cfg: Arc<Config>,
     method: Method,
     ctx: Option<RequestContext>,
@@ -123,7 +102,37 @@ struct RequestState {
 }
 
 impl RequestState {
-    fn finish<B>(&self, result: &mut Result<Response<B>, Error>) {
+    pub(crate) fn new(
+        span: Span,
+        cfg: Arc<Config>,
+        method: Method,
+        ctx: Option<RequestContext>,
+    ) -> Self {
+        let start = start_if(observed(&span, Level::WARN));
+        RequestState {
+            span,
+            cfg,
+            method,
+            ctx,
+            start,
+        }
+    }
+
+    /// Record the outcome (marking its headers, redacting its error) and
+    /// hand over what the response body logs its own failure with.
+    pub(crate) fn finish<B>(self, result: &mut Result<Response<B>, Error>) -> BodyWatch {
+        self.record(result);
+        // The body outlives the head: it logs its own failure (and
+        // redacts its errors' paths with the same configuration, moved,
+        // not cloned).
+        BodyWatch {
+            span: self.span,
+            ctx: self.ctx,
+            cfg: self.cfg,
+        }
+    }
+
+    fn record<B>(&self, result: &mut Result<Response<B>, Error>) {
         match result {
             Ok(res) => self.cfg.deny.mark_sensitive(res.headers_mut()),
             // Before it is logged, and before the caller sees it.
@@ -221,7 +230,7 @@ impl RequestState {
     }
 
     /// The caller dropped the future before it completed.
-    fn cancelled(self) {
+    pub(crate) fn cancelled(self) {
         let elapsed = self.start.map(|start| start.elapsed());
         let span = &self.span;
         span.record("rebound.stop", "cancelled");
@@ -285,27 +294,10 @@ impl<F> fmt::Debug for AttemptFuture<F> {
 }
 
 impl<F> AttemptFuture<F> {
-    pub(crate) fn new(
-        inner: F,
-        span: Span,
-        cfg: Arc<Config>,
-        method: Method,
-        ctx: Option<RequestContext>,
-        attempt: u32,
-        budget_left: Option<u32>,
-    ) -> Self {
-        let start = start_if(observed(&span, Level::DEBUG));
+    pub(crate) fn new(inner: F, state: AttemptState) -> Self {
         AttemptFuture {
             inner,
-            state: Some(AttemptState {
-                span,
-                cfg,
-                method,
-                ctx,
-                attempt,
-                budget_left,
-                start,
-            }),
+            state: Some(state),
         }
     }
 }
@@ -331,8 +323,10 @@ where
     }
 }
 
-struct AttemptState {
-    span: Span,
+/// An attempt's trace, from its start to its outcome (see
+/// [`begin_attempt`](super::attempt::begin_attempt)).
+pub(crate) struct AttemptState {
+    pub(crate) span: Span,
     cfg: Arc<Config>,
     method: Method,
     ctx: Option<RequestContext>,
@@ -343,7 +337,28 @@ struct AttemptState {
 }
 
 impl AttemptState {
-    fn finish<B>(self, result: &mut Result<Response<B>, Error>) {
+    pub(crate) fn new(
+        span: Span,
+        cfg: Arc<Config>,
+        method: Method,
+        ctx: Option<RequestContext>,
+        attempt: u32,
+        budget_left: Option<u32>,
+    ) -> Self {
+        let start = start_if(observed(&span, Level::DEBUG));
+        AttemptState {
+            span,
+            cfg,
+            method,
+            ctx,
+            attempt,
+            budget_left,
+            start,
+        }
+    }
+
+    /// Record the outcome (marking its headers, redacting its error).
+    pub(crate) fn finish<B>(self, result: &mut Result<Response<B>, Error>) {
         match result {
             // The retry layer may drop this response; whatever looks at it
             // before then must not see a Set-Cookie either.
@@ -453,7 +468,7 @@ impl AttemptState {
 
     /// The attempt was dropped before it completed (the request was
     /// cancelled, or a layer above cut it).
-    fn cancelled(self) {
+    pub(crate) fn cancelled(self) {
         let elapsed = self.start.map(|start| start.elapsed());
         self.span.record("rebound.verdict", "cancelled");
         if let Some(elapsed) = elapsed {

@@ -187,6 +187,17 @@ pub use self::config::TraceBuilder;
 pub use self::observe::{BudgetLeft, GateWait, LimiterState};
 pub use self::request::{Trace, TraceLayer};
 
+#[cfg(feature = "stack")]
+pub(crate) use self::attempt::begin_attempt;
+#[cfg(feature = "stack")]
+pub(crate) use self::body::BodyWatch;
+#[cfg(feature = "stack")]
+pub(crate) use self::config::Config;
+#[cfg(feature = "stack")]
+pub(crate) use self::future::{AttemptState, RequestState};
+#[cfg(feature = "stack")]
+pub(crate) use self::request::begin;
+
 /// The `tracing` target of every span and event of this module.
 const TARGET: &str = "rebound::trace";
 

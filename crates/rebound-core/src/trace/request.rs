@@ -11,7 +11,7 @@ use tracing::field::Empty;
 use tracing::{Level, Span};
 
 use super::config::{self, Config, RequestContext, TraceBuilder};
-use super::future::ResponseFuture;
+use super::future::{RequestState, ResponseFuture};
 use super::{AttemptTraceLayer, TraceBody, TARGET};
 use crate::error::{BoxError, Error};
 use crate::redact::{self, PathRedaction};
@@ -70,6 +70,12 @@ impl TraceLayer {
 
     pub(crate) fn from_config(cfg: Arc<Config>) -> Self {
         TraceLayer { cfg }
+    }
+
+    #[cfg(feature = "stack")]
+    /// The shared configuration (for the whole-stack service).
+    pub(crate) fn config(&self) -> &Arc<Config> {
+        &self.cfg
     }
 
     /// The [`AttemptTraceLayer`] with the same configuration (deny- and
@@ -163,19 +169,25 @@ where
     }
 
     fn call(&mut self, mut req: Request<ReqB>) -> Self::Future {
-        let cfg = &self.cfg;
-        cfg.deny.mark_sensitive(req.headers_mut());
-        let span = request_span(cfg, &req);
-        // With spans off, an INFO/WARN event must name its request itself.
-        let ctx = (span.is_disabled() && tracing::level_enabled!(Level::INFO))
-            .then(|| RequestContext::new(cfg, &req));
-        let method = req.method().clone();
+        let state = begin(&self.cfg, &mut req);
         let future = {
-            let _entered = span.enter();
+            let _entered = state.span.enter();
             self.inner.call(req)
         };
-        ResponseFuture::new(future, span, cfg.clone(), method, ctx)
+        ResponseFuture::new(future, state)
     }
+}
+
+/// A logical request's trace, begun: deny-listed request headers marked
+/// sensitive, its span made, and what its events need when spans are off.
+/// Shared by [`Trace`] and the whole-stack service.
+pub(crate) fn begin<B>(cfg: &Arc<Config>, req: &mut Request<B>) -> RequestState {
+    cfg.deny.mark_sensitive(req.headers_mut());
+    let span = request_span(cfg, req);
+    // With spans off, an INFO/WARN event must name its request itself.
+    let ctx = (span.is_disabled() && tracing::level_enabled!(Level::INFO))
+        .then(|| RequestContext::new(cfg, req));
+    RequestState::new(span, cfg.clone(), req.method().clone(), ctx)
 }
 
 /// The request span. Field values are computed only when the span is

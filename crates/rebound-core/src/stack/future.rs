@@ -1,0 +1,1046 @@
+//! The response future of [`Stack`](super::Stack): the whole stack's
+//! request path as one state machine.
+//!
+//! Each step below calls the policy of the layer it stands for (see the
+//! table in the [module docs](super)), in the layers' order: the same
+//! decisions, the same annotations on the outcome, the same errors.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::{Request, Response};
+use http_body::Body;
+use pin_project_lite::pin_project;
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::{sleep_until, Instant, Sleep};
+use tokio_util::sync::WaitForCancellationFutureOwned;
+use tower_service::Service;
+
+use super::body::StackBody;
+use super::Config;
+use crate::annotations::{
+    closed_while_waiting, Closing, Deadline, GateWait, Idempotent, LimiterState, PreviousAttempt,
+    Reason, RetryStop, Sent, Verdict,
+};
+use crate::backoff::propose;
+use crate::body::RetryBody;
+use crate::breaker::future::Track;
+use crate::cancel::{cancelled_error, Cancel};
+use crate::classify::Classifier;
+use crate::error::{BoxError, Error, TimeoutStage};
+use crate::gate::{close_after, throttled_named, wait_open, GateMode};
+use crate::limit::AttemptSlot;
+use crate::redact::RequestName;
+use crate::retry::future::{Decision, Drain, Held, Replay, DRAIN_MAX_TIME};
+use crate::shutdown::{closed, Entered};
+use crate::trace::{begin, begin_attempt, AttemptState, RequestState};
+
+type Wait<T> = Pin<Box<dyn Future<Output = Result<T, Error>> + Send>>;
+type ClosedFuture = Pin<Box<dyn Future<Output = ()> + Send + Sync>>;
+
+pin_project! {
+    /// The response future of [`Stack`](super::Stack).
+    ///
+    /// Dropping it ends everything at once, as dropping the stacked
+    /// layers' futures does: the attempt in flight, any wait or sleep;
+    /// permits and slots go back, the request span records the
+    /// cancellation.
+    #[must_use = "futures do nothing unless polled"]
+    pub struct ResponseFuture<S, B, ResB, C>
+    where
+        S: Service<Request<B>>,
+        B: RetryBody,
+    {
+        #[pin]
+        state: State<S::Future, B, ResB>,
+        // The one timer of the head phase: the attempt's time to its head
+        // (or the deadline, when earlier), the backoff sleep, the deadline
+        // while waiting. Reset, never re-created.
+        #[pin]
+        timer: Sleep,
+        // The shutdown's cut at the end of its grace period.
+        #[pin]
+        cut: Option<WaitForCancellationFutureOwned>,
+        r: Req<S, B, C>,
+    }
+
+    impl<S, B, ResB, C> PinnedDrop for ResponseFuture<S, B, ResB, C>
+    where
+        S: Service<Request<B>>,
+        B: RetryBody,
+    {
+        fn drop(this: Pin<&mut Self>) {
+            let r = this.project().r;
+            // The request first, then its attempt: the order in which the
+            // stacked layers' futures would be dropped.
+            if let Some(trace) = r.trace.take() {
+                trace.cancelled();
+            }
+            if let Some(attempt) = r.attempt.take() {
+                attempt.cancelled();
+            }
+        }
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F, B, ResB> {
+        // A request-level wait, before the first attempt: the holding gate
+        // or the concurrency queue.
+        Admitting {
+            wait: Wait<Admitted>,
+            what: Waited,
+            req: Option<Request<B>>,
+        },
+        // An attempt-level wait: the closing gate, the adaptive queue.
+        Holding {
+            wait: Wait<Option<AttemptSlot>>,
+            from: Step,
+            req: Option<Request<B>>,
+        },
+        // An attempt in flight.
+        Calling {
+            #[pin]
+            fut: F,
+        },
+        // Waiting for the inner service to be ready for the next attempt.
+        Readying,
+        // Waiting before the next attempt (see the retry loop).
+        Sleeping {
+            drain: Option<Drain<ResB>>,
+            until: Instant,
+            held: Option<Held<ResB>>,
+        },
+        // The outcome, already complete.
+        Ready {
+            out: Option<Result<Response<StackBody<ResB>>, Error>>,
+        },
+        Done,
+    }
+}
+
+/// Which request-level wait a request is in.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Waited {
+    Gate,
+    Permit,
+}
+
+/// What a request-level wait yielded.
+enum Admitted {
+    /// The holding gate opened.
+    GateOpen,
+    /// The concurrency permit.
+    Permit(OwnedSemaphorePermit),
+}
+
+/// Where an attempt's admission goes on after a wait.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Step {
+    Gate,
+    Breaker,
+    Call,
+}
+
+/// Which layer an attempt's outcome comes from: the classifier and the
+/// Retry-After parser judge only what the transport (or the attempt
+/// timeout) returned.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum From {
+    Transport,
+    Admission,
+}
+
+/// Everything the request keeps besides its state and timer (not pinned).
+struct Req<S, B: RetryBody, C> {
+    cfg: Arc<Config<C>>,
+    svc: S,
+    replay: Option<Replay<(), B>>,
+    trace: Option<RequestState>,
+    attempt: Option<AttemptState>,
+    entered: Option<Entered>,
+    cancel: Option<Pin<Box<WaitForCancellationFutureOwned>>>,
+    deadline: Instant,
+    // The concurrency permit, and the limiter's state if it had to wait.
+    permit: Option<OwnedSemaphorePermit>,
+    queued_state: Option<LimiterState>,
+    // The authority's gate key, once computed (off the happy path).
+    key: Option<u64>,
+    // When the holding gate started holding this request.
+    held_since: Option<Instant>,
+    // When the closing gate started holding the attempt in flight.
+    attempt_held_since: Option<Instant>,
+    slot: Option<AttemptSlot>,
+    track: Option<Track>,
+    // The timer's meaning while an attempt is in flight.
+    stage: TimeoutStage,
+    // The delay waited before the attempt in flight (for the backoff).
+    previous_delay: Option<Duration>,
+    // The idempotency layer checks this request's responses for key
+    // conflicts.
+    conflicts: bool,
+    // A shutdown's "stop waiting", while the request waits.
+    closing: Option<ClosedFuture>,
+}
+
+impl<S, B: RetryBody, C> Req<S, B, C> {
+    fn name(&self) -> Option<RequestName> {
+        self.replay
+            .as_ref()
+            .and_then(Replay::name)
+            .map(|(m, u)| RequestName::new(m.clone(), u.clone()))
+    }
+
+    /// Whether the shutdown's signal has closed, while the request waits.
+    fn poll_closed(&mut self, cx: &mut Context<'_>) -> bool {
+        poll_closed_for(&mut self.closing, &self.cfg.shutdown, cx)
+    }
+
+    fn gate_key(&mut self, uri: &http::Uri) -> Option<u64> {
+        let gate = self.cfg.gate.as_ref()?;
+        Some(*self.key.get_or_insert_with(|| gate.table().key(uri)))
+    }
+}
+
+/// What starting an attempt came to. (A transient return value: its
+/// large variant, the request that waits, is moved into the state at once.)
+#[allow(clippy::large_enum_variant)]
+enum Started<F, B> {
+    Called(F),
+    Waiting(Wait<Option<AttemptSlot>>, Step, Request<B>),
+    Failed(Error),
+}
+
+impl<S, B, ResB, C> ResponseFuture<S, B, ResB, C>
+where
+    S: Service<Request<B>, Response = Response<ResB>>,
+    S::Error: Into<BoxError>,
+    B: RetryBody,
+    ResB: Body,
+    C: Classifier<ResB>,
+{
+    /// The request path down to the first attempt's call, as the stacked
+    /// layers' `call`s run it.
+    pub(super) fn start(cfg: Arc<Config<C>>, svc: S, mut req: Request<B>) -> Self {
+        // Trace: the request span, deny-listed headers marked sensitive.
+        let trace = begin(cfg.trace.config(), &mut req);
+        let span = trace.span.clone();
+        let _entered = span.enter();
+        let now = Instant::now();
+        let ours = now + cfg.total;
+        let mut r = Req {
+            cfg,
+            svc,
+            replay: None,
+            trace: Some(trace),
+            attempt: None,
+            entered: None,
+            cancel: None,
+            deadline: ours,
+            permit: None,
+            queued_state: None,
+            key: None,
+            held_since: None,
+            attempt_held_since: None,
+            slot: None,
+            track: None,
+            stage: TimeoutStage::Headers,
+            previous_delay: None,
+            conflicts: false,
+            closing: None,
+        };
+        let mut cut = None;
+        let early = Self::admit(&mut r, &mut cut, now, ours, req);
+        let (state, until) = match early {
+            Admission::Ready(req) => Self::first(&mut r, req),
+            Admission::Waiting(wait, what, req) => (
+                State::Admitting {
+                    wait,
+                    what,
+                    req: Some(req),
+                },
+                r.deadline,
+            ),
+            Admission::Finished(out) => (State::Ready { out: Some(*out) }, r.deadline),
+        };
+        ResponseFuture {
+            state,
+            timer: sleep_until(until),
+            cut,
+            r,
+        }
+    }
+
+    /// The request-level steps before the retry loop: shutdown, cancel,
+    /// deadline, the holding gate, the concurrency permit. `Err`: the
+    /// request's final outcome, already complete.
+    fn admit(
+        r: &mut Req<S, B, C>,
+        cut: &mut Option<WaitForCancellationFutureOwned>,
+        now: Instant,
+        ours: Instant,
+        req: Request<B>,
+    ) -> Admission<B, ResB> {
+        // Shutdown: refused once closed (nothing else runs).
+        if let Some(handle) = &r.cfg.shutdown {
+            match handle.enter() {
+                Some(entered) => {
+                    *cut = Some(entered.cut());
+                    r.entered = Some(entered);
+                }
+                None => {
+                    let err = closed(&RequestName::of(&req), Sent::NotSent, "request refused");
+                    return Admission::Finished(Box::new(r.complete(Err(err), Up::Trace)));
+                }
+            }
+        }
+        // Cancel: a token already cancelled ends it here.
+        if let Some(token) = Cancel::of(req.extensions()) {
+            if token.is_cancelled() {
+                let err = cancelled_error(req.method(), req.uri());
+                return Admission::Finished(Box::new(r.complete(Err(err), Up::Close)));
+            }
+            r.cancel = Some(Box::pin(token.clone().cancelled_owned()));
+        }
+        // Deadline: the earlier of ours and one the request carries.
+        let deadline = match Deadline::of(req.extensions()) {
+            Some(earlier) if earlier <= ours => earlier,
+            _ => ours,
+        };
+        r.deadline = deadline;
+        if deadline <= now {
+            let err = RequestName::of(&req).name(Error::timeout(TimeoutStage::Deadline));
+            return Admission::Finished(Box::new(r.complete(Err(err), Up::Close)));
+        }
+        Self::admit_gate(r, req)
+    }
+
+    /// The holding gate, then the permit. A request that waited for its
+    /// permit comes back here: the gate may have closed while it queued.
+    fn admit_gate(r: &mut Req<S, B, C>, req: Request<B>) -> Admission<B, ResB> {
+        if let Some(gate) = &r.cfg.gate {
+            let table = gate.table();
+            if gate.gate_mode() != GateMode::Off && !table.is_empty() {
+                let key = r.gate_key(req.uri()).expect("a gate");
+                let now = Instant::now();
+                if let Some(until) = r.cfg.gate.as_ref().expect("a gate").table().check(key, now) {
+                    let gate = r.cfg.gate.as_ref().expect("a gate");
+                    let name = RequestName::of(&req);
+                    let failed = match gate.gate_mode() {
+                        GateMode::Wait if r.deadline < until => Some(throttled_named(
+                            &name,
+                            until,
+                            now,
+                            Some("the deadline comes before the pause ends"),
+                        )),
+                        GateMode::Wait => None,
+                        _ => Some(throttled_named(&name, until, now, None)),
+                    };
+                    if let Some(err) = failed {
+                        return Admission::Finished(Box::new(r.complete(Err(err), Up::Hold)));
+                    }
+                    r.held_since.get_or_insert(now);
+                    let wait =
+                        wait_open(Arc::clone(gate.table()), key, until, Some(r.deadline), name);
+                    let wait: Wait<Admitted> = Box::pin(async move {
+                        wait.await?;
+                        Ok(Admitted::GateOpen)
+                    });
+                    // A permit this request waited for goes back while it
+                    // waits for its host (it takes its turn again after).
+                    r.permit = None;
+                    r.queued_state = None;
+                    return Admission::Waiting(wait, Waited::Gate, req);
+                }
+            }
+        }
+        Self::admit_permit(r, req)
+    }
+
+    fn admit_permit(r: &mut Req<S, B, C>, req: Request<B>) -> Admission<B, ResB> {
+        if r.permit.is_none() {
+            if let Some(limiter) = &r.cfg.concurrency {
+                match limiter.try_permit() {
+                    Some(permit) => r.permit = Some(permit),
+                    None => {
+                        let wait = limiter.wait_permit(Some(r.deadline), RequestName::of(&req));
+                        let wait: Wait<Admitted> =
+                            Box::pin(async move { Ok(Admitted::Permit(wait.await?)) });
+                        return Admission::Waiting(wait, Waited::Permit, req);
+                    }
+                }
+            }
+        }
+        Admission::Ready(req)
+    }
+
+    /// Below the permit: the idempotency key, gRPC marking, the retry
+    /// loop's set-up, then the first attempt. Returns the state and the
+    /// timer's instant.
+    fn first(r: &mut Req<S, B, C>, mut req: Request<B>) -> (State<S::Future, B, ResB>, Instant) {
+        if let Some(keys) = &r.cfg.idempotency {
+            r.conflicts = keys.stamp(&mut req);
+        }
+        if let Some(mark) = &r.cfg.mark {
+            if mark.is_marked(&req) {
+                req.extensions_mut().insert(Idempotent);
+            }
+        }
+        let (req, replay) = Replay::prepare(&r.cfg.retry, req, Some(r.deadline));
+        r.replay = Some(replay);
+        Self::attempt(r, req)
+    }
+
+    /// Start an attempt: its span, then its admission and call.
+    fn attempt(r: &mut Req<S, B, C>, mut req: Request<B>) -> (State<S::Future, B, ResB>, Instant) {
+        let attempt = begin_attempt(r.cfg.trace.config(), &mut req);
+        r.previous_delay = req
+            .extensions()
+            .get::<PreviousAttempt>()
+            .and_then(|p| p.delay.map(|d| d.delay));
+        if let Some(propagate) = &r.cfg.propagate {
+            propagate.write(&mut req, r.deadline);
+        }
+        r.attempt_held_since = None;
+        let span = attempt.span.clone();
+        r.attempt = Some(attempt);
+        let _entered = span.enter();
+        let started = Self::admit_attempt(r, req, Step::Gate);
+        Self::started(r, started)
+    }
+
+    fn started(
+        r: &mut Req<S, B, C>,
+        started: Started<S::Future, B>,
+    ) -> (State<S::Future, B, ResB>, Instant) {
+        match started {
+            Started::Called(fut) => {
+                let until = Self::arm(r);
+                (State::Calling { fut }, until)
+            }
+            Started::Waiting(wait, from, req) => (
+                State::Holding {
+                    wait,
+                    from,
+                    req: Some(req),
+                },
+                r.deadline,
+            ),
+            Started::Failed(err) => Self::judged(r, Err(err), From::Admission),
+        }
+    }
+
+    /// The head timer of the attempt about to be called: the earlier of
+    /// its timeout and the deadline.
+    fn arm(r: &mut Req<S, B, C>) -> Instant {
+        let ours = Instant::now() + r.cfg.attempt;
+        if r.deadline < ours {
+            r.stage = TimeoutStage::Deadline;
+            r.deadline
+        } else {
+            r.stage = TimeoutStage::Headers;
+            ours
+        }
+    }
+
+    /// The attempt's admission from step `from` on: the closing gate, the
+    /// breaker, the adaptive limit; then the call.
+    fn admit_attempt(r: &mut Req<S, B, C>, req: Request<B>, from: Step) -> Started<S::Future, B> {
+        if from == Step::Gate {
+            if let Some(gate) = &r.cfg.gate {
+                if gate.gate_mode() != GateMode::Off && !gate.table().is_empty() {
+                    let key = r.gate_key(req.uri()).expect("a gate");
+                    let gate = r.cfg.gate.as_ref().expect("a gate");
+                    let now = Instant::now();
+                    if let Some(until) = gate.table().check(key, now) {
+                        let name = RequestName::of(&req);
+                        r.attempt_held_since.get_or_insert(now);
+                        match gate.gate_mode() {
+                            GateMode::Wait if r.deadline >= until => {
+                                let wait = wait_open(
+                                    Arc::clone(gate.table()),
+                                    key,
+                                    until,
+                                    Some(r.deadline),
+                                    name,
+                                );
+                                let wait: Wait<Option<AttemptSlot>> = Box::pin(async move {
+                                    wait.await?;
+                                    Ok(None)
+                                });
+                                return Started::Waiting(wait, Step::Breaker, req);
+                            }
+                            GateMode::Wait => {
+                                return Started::Failed(throttled_named(
+                                    &name,
+                                    until,
+                                    now,
+                                    Some("the deadline comes before the pause ends"),
+                                ));
+                            }
+                            _ => return Started::Failed(throttled_named(&name, until, now, None)),
+                        }
+                    }
+                }
+            }
+        }
+        if matches!(from, Step::Gate | Step::Breaker) {
+            if let Some(breaker) = &r.cfg.breaker {
+                match breaker.admit(&req) {
+                    Ok(track) => r.track = Some(track),
+                    Err(err) => return Started::Failed(err),
+                }
+            }
+        }
+        if from != Step::Call && r.slot.is_none() {
+            if let Some(limiter) = &r.cfg.adaptive {
+                match limiter.try_slot() {
+                    Some(slot) => r.slot = Some(slot),
+                    None => {
+                        let wait = limiter.wait_slot(Some(r.deadline), RequestName::of(&req));
+                        let wait: Wait<Option<AttemptSlot>> =
+                            Box::pin(async move { Ok(Some(wait.await?)) });
+                        return Started::Waiting(wait, Step::Call, req);
+                    }
+                }
+            }
+        }
+        // The attempt timeout: a deadline already passed fails the attempt
+        // without calling the transport.
+        if r.deadline <= Instant::now() {
+            let name = RequestName::of(&req);
+            return Started::Failed(crate::attempt_timeout::future::timed_out(
+                TimeoutStage::Deadline,
+                name,
+            ));
+        }
+        Started::Called(r.svc.call(req))
+    }
+
+    /// An attempt's outcome judged on its way up through the attempt's
+    /// layers (classify, Retry-After, adaptive limit, breaker, gate,
+    /// backoff, attempt trace), then the retry loop's decision.
+    fn judged(
+        r: &mut Req<S, B, C>,
+        mut out: Result<Response<ResB>, Error>,
+        from: From,
+    ) -> (State<S::Future, B, ResB>, Instant) {
+        if from == From::Transport {
+            let verdict = r.cfg.classifier.classify(&out);
+            if !verdict.is_success() {
+                ext_of(&mut out).insert(verdict);
+                // Retry-After: a hint on a response that was not a success.
+                out = out.map(|res| {
+                    let (mut parts, body) = res.into_parts();
+                    r.cfg.retry_after.config().annotate(
+                        parts.status,
+                        &parts.headers,
+                        &mut parts.extensions,
+                    );
+                    Response::from_parts(parts, body)
+                });
+            }
+        }
+        if let Some(slot) = r.slot.take() {
+            slot.settle(&mut out);
+        }
+        if let Some(track) = r.track.take() {
+            track.settle(&out);
+        }
+        if let Some(since) = r.attempt_held_since.take() {
+            ext_of(&mut out).insert(GateWait(since.elapsed()));
+        }
+        if let Ok(res) = &out {
+            let closes = r
+                .cfg
+                .gate
+                .as_ref()
+                .is_some_and(|g| g.closes_on(res.status()))
+                && res
+                    .extensions()
+                    .get::<crate::annotations::RetryAfterHint>()
+                    .is_some();
+            if closes {
+                let uri = r
+                    .replay
+                    .as_ref()
+                    .and_then(Replay::name)
+                    .map(|(_, u)| u.clone());
+                if let Some(uri) = uri {
+                    if let Some(key) = r.gate_key(&uri) {
+                        let table = r.cfg.gate.as_ref().expect("a gate").table();
+                        close_after(table, key, res.status(), res.extensions());
+                    }
+                }
+            }
+        }
+        let replay = r.replay.as_mut().expect("an attempt has a loop");
+        propose(
+            &r.cfg.backoff,
+            replay.attempt,
+            r.previous_delay,
+            ext_of(&mut out),
+        );
+        if let Some(attempt) = r.attempt.take() {
+            attempt.finish(&mut out);
+        }
+        match replay.decide(out) {
+            Decision::Return(out) => {
+                let out = r.complete(out, Up::Retry);
+                (State::Ready { out: Some(out) }, r.deadline)
+            }
+            Decision::Retry { until, drain, held } => {
+                // Wake first at the end of the drain window, if it ends
+                // before the sleep does.
+                let first = match &drain {
+                    Some(_) => until.min(Instant::now() + DRAIN_MAX_TIME),
+                    None => until,
+                };
+                (State::Sleeping { drain, until, held }, first)
+            }
+        }
+    }
+}
+
+fn ext_of<T>(out: &mut Result<Response<T>, Error>) -> &mut http::Extensions {
+    match out {
+        Ok(res) => res.extensions_mut(),
+        Err(err) => err.extensions_mut(),
+    }
+}
+
+/// Where an outcome enters the request-level layers on its way up: each
+/// level also runs every level after it.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
+enum Up {
+    /// From the retry loop: the idempotency key's conflict check, the
+    /// concurrency permit.
+    Retry,
+    /// From the concurrency limit's wait: the holding gate's wait time.
+    Permit,
+    /// From the holding gate (and the deadline layer, which adds nothing).
+    Hold,
+    /// From the cancel or deadline layer: the shutdown's count.
+    Close,
+    /// From the shutdown: only the trace.
+    Trace,
+}
+
+impl<S, B: RetryBody, C> Req<S, B, C> {
+    /// The outcome on its way up through the request-level layers, from
+    /// `from` on, to what the caller gets.
+    fn complete<ResB: Body>(
+        &mut self,
+        mut out: Result<Response<ResB>, Error>,
+        from: Up,
+    ) -> Result<Response<StackBody<ResB>>, Error> {
+        let mut permit = None;
+        if from <= Up::Retry {
+            if self.conflicts {
+                if let Ok(res) = &mut out {
+                    if let Some(reason) = crate::idempotency::future::conflict_reason(res.status())
+                    {
+                        res.extensions_mut().insert(Verdict::Fatal {
+                            reason: Reason::new_static(reason),
+                        });
+                    }
+                }
+            }
+            if let Some(state) = self.queued_state.take() {
+                ext_of(&mut out).insert(state);
+            }
+            permit = self.permit.take();
+        }
+        if from <= Up::Permit {
+            if let Some(since) = self.held_since.take() {
+                ext_of(&mut out).insert(GateWait(since.elapsed()));
+            }
+        }
+        if from <= Up::Close {
+            if let Some(entered) = self.entered.take() {
+                if entered.end() {
+                    // Counted as cut by the shutdown's report: say so.
+                    let name = self.request_name();
+                    out = Err(cut_error(name.as_ref()));
+                }
+            }
+        }
+        let watch = self.trace.take().map(|trace| trace.finish(&mut out));
+        match out {
+            Ok(res) => {
+                let name = self
+                    .replay
+                    .as_mut()
+                    .and_then(Replay::take_name)
+                    .map(|(m, u)| RequestName::new(m, u));
+                let deadline = self.deadline;
+                Ok(res.map(|body| StackBody::new(body, deadline, permit, watch, name)))
+            }
+            Err(err) => Err(err),
+        }
+    }
+
+    fn request_name(&self) -> Option<RequestName> {
+        self.name()
+    }
+}
+
+fn cut_error(name: Option<&RequestName>) -> Error {
+    let reason = "cut at the end of the grace period";
+    match name {
+        Some(name) => closed(name, Sent::MaybeProcessed, reason),
+        None => {
+            let mut err = Error::new(crate::error::ErrorKind::Closed).with_detail(reason);
+            err.extensions_mut().insert(Sent::MaybeProcessed);
+            err.extensions_mut().insert(Verdict::Fatal {
+                reason: Reason::new_static("closed"),
+            });
+            err
+        }
+    }
+}
+
+/// What a request-level admission came to.
+enum Admission<B, ResB> {
+    /// Admitted: on to the retry loop.
+    Ready(Request<B>),
+    /// It waits (the holding gate, the concurrency queue).
+    Waiting(Wait<Admitted>, Waited, Request<B>),
+    /// Refused before any attempt: its outcome, complete (boxed: off the
+    /// happy path).
+    Finished(Box<Result<Response<StackBody<ResB>>, Error>>),
+}
+
+impl<S, B, ResB, C> fmt::Debug for ResponseFuture<S, B, ResB, C>
+where
+    S: Service<Request<B>>,
+    B: RetryBody,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            State::Admitting { .. } => "admitting",
+            State::Holding { .. } => "holding",
+            State::Calling { .. } => "calling",
+            State::Readying => "readying",
+            State::Sleeping { .. } => "sleeping",
+            State::Ready { .. } => "ready",
+            State::Done => "done",
+        };
+        let attempt = self.r.replay.as_ref().map_or(0, |r| r.attempt);
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .field("attempt", &attempt)
+            .finish()
+    }
+}
+
+impl<S, B, ResB, C> Future for ResponseFuture<S, B, ResB, C>
+where
+    S: Service<Request<B>, Response = Response<ResB>>,
+    S::Error: Into<BoxError>,
+    B: RetryBody,
+    ResB: Body,
+    C: Classifier<ResB>,
+{
+    type Output = Result<Response<StackBody<ResB>>, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        let r = &mut *this.r;
+        // Everything below runs in the request span, as under the trace
+        // layer.
+        let span = r.trace.as_ref().map(|t| t.span.clone());
+        let _entered = span.as_ref().map(tracing::Span::enter);
+
+        // The shutdown's cut first: once the grace period ended, the
+        // caller gets `Closed` even if the attempt is also ready.
+        if let Some(cut) = this.cut.as_mut().as_pin_mut() {
+            if cut.poll(cx).is_ready() {
+                this.cut.set(None);
+                this.state.set(State::Done);
+                if let Some(attempt) = r.attempt.take() {
+                    attempt.cancelled();
+                }
+                let name = r.request_name();
+                if let Some(entered) = r.entered.take() {
+                    entered.end();
+                }
+                let mut out: Result<Response<ResB>, Error> = Err(cut_error(name.as_ref()));
+                if let Some(trace) = r.trace.take() {
+                    trace.finish(&mut out);
+                }
+                return Poll::Ready(out.map(|_| unreachable!("an error")));
+            }
+        }
+        // Then the caller's token.
+        if let Some(cancel) = r.cancel.as_mut() {
+            if cancel.as_mut().poll(cx).is_ready() {
+                r.cancel = None;
+                if matches!(*this.state, State::Ready { .. } | State::Done) {
+                    // Already complete: the outcome stands.
+                } else {
+                    this.state.set(State::Done);
+                    if let Some(attempt) = r.attempt.take() {
+                        attempt.cancelled();
+                    }
+                    r.slot = None;
+                    r.track = None;
+                    let err = match r.replay.as_ref().and_then(Replay::name) {
+                        Some((m, u)) => cancelled_error(m, u),
+                        None => {
+                            let mut err = Error::new(crate::error::ErrorKind::Cancelled);
+                            err.extensions_mut().insert(Verdict::Fatal {
+                                reason: Reason::new_static("cancelled by the caller"),
+                            });
+                            err
+                        }
+                    };
+                    r.permit = None;
+                    return Poll::Ready(r.complete(Err(err), Up::Close));
+                }
+            }
+        }
+
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Ready { out } => {
+                    let out = out.take().expect("polled after completion");
+                    this.state.set(State::Done);
+                    return Poll::Ready(out);
+                }
+                StateProj::Admitting { wait, what, req } => {
+                    let what = *what;
+                    if r.poll_closed(cx) {
+                        let req = req.as_ref().expect("waiting with its request");
+                        let detail = match what {
+                            Waited::Gate => "shut down while held at the gate",
+                            Waited::Permit => "shut down while queued for a concurrency permit",
+                        };
+                        let err = closed_while_waiting(req, detail);
+                        let up = match what {
+                            Waited::Gate => Up::Hold,
+                            Waited::Permit => Up::Permit,
+                        };
+                        let out = r.complete(Err(err), up);
+                        this.state.set(State::Ready { out: Some(out) });
+                        continue;
+                    }
+                    let admitted = match wait.as_mut().poll(cx) {
+                        Poll::Ready(admitted) => admitted,
+                        Poll::Pending => {
+                            if this.timer.as_mut().poll(cx).is_pending() {
+                                return Poll::Pending;
+                            }
+                            // The deadline layer's own timer.
+                            let req = req.as_ref().expect("waiting with its request");
+                            let err =
+                                RequestName::of(req).name(Error::timeout(TimeoutStage::Deadline));
+                            let out = r.complete(Err(err), Up::Close);
+                            this.state.set(State::Ready { out: Some(out) });
+                            continue;
+                        }
+                    };
+                    let req = req.take().expect("waiting with its request");
+                    let admission = match admitted {
+                        Err(err) => {
+                            let up = match what {
+                                Waited::Gate => Up::Hold,
+                                Waited::Permit => Up::Permit,
+                            };
+                            let out = r.complete(Err(err), up);
+                            this.state.set(State::Ready { out: Some(out) });
+                            continue;
+                        }
+                        Ok(Admitted::GateOpen) => Self::admit_permit(r, req),
+                        Ok(Admitted::Permit(permit)) => {
+                            r.permit = Some(permit);
+                            r.queued_state = r.cfg.concurrency.as_ref().map(|l| l.observed());
+                            Self::admit_gate(r, req)
+                        }
+                    };
+                    let (state, until) = match admission {
+                        Admission::Ready(req) => Self::first(r, req),
+                        Admission::Waiting(wait, what, req) => (
+                            State::Admitting {
+                                wait,
+                                what,
+                                req: Some(req),
+                            },
+                            r.deadline,
+                        ),
+                        Admission::Finished(out) => (State::Ready { out: Some(*out) }, r.deadline),
+                    };
+                    this.state.set(state);
+                    this.timer.as_mut().reset(until);
+                }
+                StateProj::Holding { wait, from, req } => {
+                    let from = *from;
+                    if r.poll_closed(cx) {
+                        let req = req.as_ref().expect("waiting with its request");
+                        let detail = match from {
+                            Step::Call => "shut down while queued for an adaptive-limit slot",
+                            _ => "shut down while held at the gate",
+                        };
+                        let err = closed_while_waiting(req, detail);
+                        let (state, until) = Self::judged(r, Err(err), From::Admission);
+                        this.state.set(state);
+                        this.timer.as_mut().reset(until);
+                        continue;
+                    }
+                    let waited = match wait.as_mut().poll(cx) {
+                        Poll::Ready(waited) => waited,
+                        Poll::Pending => {
+                            if this.timer.as_mut().poll(cx).is_pending() {
+                                return Poll::Pending;
+                            }
+                            let req = req.as_ref().expect("waiting with its request");
+                            let err =
+                                RequestName::of(req).name(Error::timeout(TimeoutStage::Deadline));
+                            this.state.set(State::Done);
+                            let attempt = r.attempt.take();
+                            r.slot = None;
+                            r.track = None;
+                            let out = r.complete(Err(err), Up::Close);
+                            if let Some(attempt) = attempt {
+                                attempt.cancelled();
+                            }
+                            this.state.set(State::Ready { out: Some(out) });
+                            continue;
+                        }
+                    };
+                    let req = req.take().expect("waiting with its request");
+                    let started = match waited {
+                        Err(err) => Started::Failed(err),
+                        Ok(slot) => {
+                            if slot.is_some() {
+                                r.slot = slot;
+                            }
+                            let span = r.attempt.as_ref().map(|a| a.span.clone());
+                            let _entered = span.as_ref().map(tracing::Span::enter);
+                            Self::admit_attempt(r, req, from)
+                        }
+                    };
+                    let (state, until) = Self::started(r, started);
+                    this.state.set(state);
+                    this.timer.as_mut().reset(until);
+                }
+                StateProj::Calling { fut } => {
+                    let span = r.attempt.as_ref().map(|a| a.span.clone());
+                    let entered = span.as_ref().map(tracing::Span::enter);
+                    let out = match fut.poll(cx) {
+                        Poll::Ready(out) => out.map_err(|e| {
+                            let err = Error::from_boxed(e.into());
+                            match r.replay.as_ref().and_then(Replay::name) {
+                                Some((m, u)) => err.with_request(m, u),
+                                None => err,
+                            }
+                        }),
+                        Poll::Pending => {
+                            if this.timer.as_mut().poll(cx).is_pending() {
+                                return Poll::Pending;
+                            }
+                            let name = r.request_name().expect("an attempt has a name");
+                            Err(crate::attempt_timeout::future::timed_out(r.stage, name))
+                        }
+                    };
+                    drop(entered);
+                    let (state, until) = Self::judged(r, out, From::Transport);
+                    this.state.set(state);
+                    this.timer.as_mut().reset(until);
+                }
+                StateProj::Sleeping { drain, until, held } => {
+                    let replay = r.replay.as_mut().expect("sleeping in a loop");
+                    if poll_closed_for(&mut r.closing, &r.cfg.shutdown, cx) {
+                        // Shut down: no further attempt. The outcome held
+                        // whole is returned as it is; a drained one as a
+                        // `Closed` error carrying its verdict.
+                        let out = match held.take() {
+                            Some(h) => h.outcome,
+                            None => {
+                                // The next attempt was planned, not made.
+                                replay.attempt -= 1;
+                                Err(replay.closed_error())
+                            }
+                        };
+                        let out = replay.finish(out, Some(RetryStop::Closed));
+                        let out = r.complete(out, Up::Retry);
+                        this.state.set(State::Ready { out: Some(out) });
+                        continue;
+                    }
+                    if let Some(d) = drain {
+                        if d.poll_done(cx) {
+                            *drain = None;
+                        }
+                    }
+                    if this.timer.as_mut().poll(cx).is_pending() {
+                        return Poll::Pending;
+                    }
+                    // The drain never outlives its window.
+                    *drain = None;
+                    if Instant::now() < *until {
+                        let until = *until;
+                        this.timer.as_mut().reset(until);
+                        continue;
+                    }
+                    if let Some(h) = held.take() {
+                        if let Some(out) = replay.resume(h) {
+                            let out = r.complete(out, Up::Retry);
+                            this.state.set(State::Ready { out: Some(out) });
+                            continue;
+                        }
+                    }
+                    this.state.set(State::Readying);
+                }
+                StateProj::Readying => {
+                    match r.svc.poll_ready(cx) {
+                        Poll::Pending => return Poll::Pending,
+                        Poll::Ready(Err(e)) => {
+                            let replay = r.replay.as_mut().expect("readying in a loop");
+                            // The attempts made so far; the last outcome is
+                            // gone.
+                            replay.attempt -= 1;
+                            let out = replay.finish(Err(Error::from_boxed(e.into())), None);
+                            let out = r.complete(out, Up::Retry);
+                            this.state.set(State::Ready { out: Some(out) });
+                        }
+                        Poll::Ready(Ok(())) => {
+                            let req = r
+                                .replay
+                                .as_mut()
+                                .and_then(|replay| replay.next.take())
+                                .expect("a retry is only planned with its request");
+                            let (state, until) = Self::attempt(r, req);
+                            this.state.set(state);
+                            this.timer.as_mut().reset(until);
+                        }
+                    }
+                }
+                StateProj::Done => panic!("stack ResponseFuture polled after completion"),
+            }
+        }
+    }
+}
+
+/// [`Req::poll_closed`] on the parts a sleeping request lends (its loop is
+/// borrowed at the same time).
+fn poll_closed_for(
+    closing: &mut Option<ClosedFuture>,
+    shutdown: &Option<crate::shutdown::ShutdownHandle>,
+    cx: &mut Context<'_>,
+) -> bool {
+    if closing.is_none() {
+        let signal = match shutdown {
+            Some(handle) => Some(handle.closing().clone()),
+            None => Closing::current(),
+        };
+        *closing = signal.map(Closing::closed_owned);
+    }
+    closing
+        .as_mut()
+        .is_some_and(|c| c.as_mut().poll(cx).is_ready())
+}

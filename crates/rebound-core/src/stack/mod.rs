@@ -1,0 +1,478 @@
+//! The whole stack as one service: every layer's policy, called from one
+//! short path.
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use std::sync::atomic::{AtomicU32, Ordering};
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//!
+//! use bytes::Bytes;
+//! use http::{Request, Response, StatusCode};
+//! use http_body_util::Full;
+//! use rebound_core::deadline::DeadlineLayer;
+//! use rebound_core::stack::StackLayer;
+//! use rebound_core::Attempts;
+//! use tower::{ServiceBuilder, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), rebound_core::Error> {
+//! let calls = Arc::new(AtomicU32::new(0));
+//! let inner = {
+//!     let calls = calls.clone();
+//!     tower::service_fn(move |_req: Request<Full<Bytes>>| {
+//!         // A 503 first, then a 200.
+//!         let n = calls.fetch_add(1, Ordering::SeqCst);
+//!         async move {
+//!             let mut res = Response::new(Full::new(Bytes::from_static(b"hi")));
+//!             if n == 0 {
+//!                 *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+//!             }
+//!             Ok::<_, Infallible>(res)
+//!         }
+//!     })
+//! };
+//! let svc = ServiceBuilder::new()
+//!     .layer(StackLayer::new().deadline(DeadlineLayer::new(Duration::from_secs(5))))
+//!     .service(inner);
+//!
+//! let req = Request::get("https://api.example/v1").body(Full::new(Bytes::new())).unwrap();
+//! let res = svc.oneshot(req).await?;
+//! assert_eq!(res.status(), StatusCode::OK);
+//! assert_eq!(Attempts::of(res.extensions()), 2);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # What it is
+//!
+//! [`StackLayer`] is configured with the **same layer values** a user
+//! stacks in `ServiceBuilder` — a [`TraceLayer`], a [`DeadlineLayer`], a
+//! [`RetryLayer`], a [`BackoffLayer`], ... — and behaves as those layers
+//! stacked in the order of the crate docs (see the table below), with the
+//! same annotations, errors, spans and events. What differs is how it is
+//! made: instead of some twenty nested services and futures, each moving
+//! the request and the response through its own level, it is **one
+//! service and one future** that calls each layer's policy — the
+//! classifier, the Retry-After parser, the backoff, the budget, the gate
+//! and breaker tables, the limiters, the trace states — directly, in that
+//! order. A policy is written once, in its module; the layer and this
+//! stack both call it (DESIGN.md §13).
+//!
+//! So a request that succeeds at once costs what the policies cost and
+//! not what the nesting costs: one future (a few hundred bytes) instead of
+//! twenty-five, one timer for the response head (the earlier of the
+//! attempt timeout and the deadline, reset rather than re-created between
+//! attempts), one response-body wrapper ([`StackBody`]) instead of three,
+//! and nothing written into the request's or the response's extensions.
+//!
+//! # The order
+//!
+//! Outer to inner, as if stacked:
+//!
+//! | step | the layer it stands for | set with |
+//! |---|---|---|
+//! | one span per logical request | [`TraceLayer`] | [`trace`](StackLayer::trace) |
+//! | refuse once shut down, cut at the end of the grace | [`ShutdownLayer`](crate::shutdown::ShutdownLayer) | [`shutdown`](StackLayer::shutdown) (off by default) |
+//! | a [`Cancel`](crate::Cancel) token ends the request | [`CancelLayer`](crate::cancel::CancelLayer) | always |
+//! | the total deadline | [`DeadlineLayer`] | [`deadline`](StackLayer::deadline) |
+//! | new requests to a closed host wait, holding no permit | [`RetryAfterGateLayer`] (holding) | [`retry_after_gate`](StackLayer::retry_after_gate) |
+//! | logical requests in flight | [`ConcurrencyLimitLayer`] | [`concurrency_limit`](StackLayer::concurrency_limit) (off by default) |
+//! | POST/PATCH get an `Idempotency-Key` | [`IdempotencyKeyLayer`] | [`idempotency_key`](StackLayer::idempotency_key) |
+//! | declared-safe gRPC methods are eligible | [`MarkRetryableLayer`] | [`grpc_retryable`](StackLayer::grpc_retryable) (off by default) |
+//! | the retry loop and its budget | [`RetryLayer`] | [`retry`](StackLayer::retry) |
+//! | one span per attempt | [`AttemptTraceLayer`](crate::trace::AttemptTraceLayer) | with `trace` |
+//! | the time left as `grpc-timeout` | [`PropagateDeadlineLayer`] | [`propagate_deadline`](StackLayer::propagate_deadline) (off by default) |
+//! | the proposed delay | [`BackoffLayer`] | [`backoff`](StackLayer::backoff) |
+//! | close / hold a host's gate | [`RetryAfterGateLayer`] (closing) | [`retry_after_gate`](StackLayer::retry_after_gate) |
+//! | per host: fail at once while broken | [`CircuitBreakerLayer`] | [`circuit_breaker`](StackLayer::circuit_breaker) |
+//! | attempts in flight, shrinking on overload | [`AdaptiveLimitLayer`] | [`adaptive_limit`](StackLayer::adaptive_limit) (off by default) |
+//! | Retry-After / pushback into a hint | [`RetryAfterLayer`] | [`retry_after`](StackLayer::retry_after) |
+//! | each attempt's [`Verdict`](crate::Verdict) | [`ClassifyLayer`](crate::classify::ClassifyLayer) | [`classifier`](StackLayer::classifier) |
+//! | time to the response head, per attempt | [`AttemptTimeoutLayer`] | [`attempt_timeout`](StackLayer::attempt_timeout) |
+//!
+//! "Off" is `None` in the setter, and an option that is off costs nothing:
+//! it is a field that is `None`, not a pass-through layer.
+//!
+//! # Where it differs from the stacked layers
+//!
+//! * **Nothing is carried in task-locals.** The deadline is the stack's
+//!   own value: the inner service is called with the request as the
+//!   transport would get it. The inner service does not see the task's
+//!   [`Deadline`](crate::Deadline) or [`Closing`](crate::annotations::Closing)
+//!   (a transport has nothing to wait for).
+//! * **A permit is never lent.** A request that waited for its
+//!   concurrency permit while its host's gate closed gives the permit back
+//!   and waits at the gate again (FIFO for the permit once the gate opens):
+//!   the two layers coordinated that through a shared
+//!   [`PermitLease`](crate::annotations::PermitLease); here one future owns
+//!   both.
+//! * **The response body** is one [`StackBody`]: the permit, the deadline
+//!   and the body's failure log in one wrapper.
+//!
+//! # Errors
+//!
+//! As the stacked layers': [`Error`], every error named with its request.
+//!
+//! [`TraceLayer`]: crate::trace::TraceLayer
+//! [`DeadlineLayer`]: crate::deadline::DeadlineLayer
+//! [`RetryLayer`]: crate::retry::RetryLayer
+//! [`BackoffLayer`]: crate::backoff::BackoffLayer
+//! [`RetryAfterGateLayer`]: crate::gate::RetryAfterGateLayer
+//! [`ConcurrencyLimitLayer`]: crate::limit::ConcurrencyLimitLayer
+//! [`IdempotencyKeyLayer`]: crate::idempotency::IdempotencyKeyLayer
+//! [`MarkRetryableLayer`]: crate::grpc::MarkRetryableLayer
+//! [`PropagateDeadlineLayer`]: crate::grpc::PropagateDeadlineLayer
+//! [`CircuitBreakerLayer`]: crate::breaker::CircuitBreakerLayer
+//! [`AdaptiveLimitLayer`]: crate::limit::AdaptiveLimitLayer
+//! [`RetryAfterLayer`]: crate::retry_after::RetryAfterLayer
+//! [`AttemptTimeoutLayer`]: crate::attempt_timeout::AttemptTimeoutLayer
+
+mod body;
+pub mod future;
+
+use std::fmt;
+use std::mem;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::{Request, Response};
+use tower_layer::Layer;
+use tower_service::Service;
+
+pub use self::body::StackBody;
+
+use crate::attempt_timeout::AttemptTimeoutLayer;
+use crate::backoff::{Backoff, BackoffLayer};
+use crate::body::RetryBody;
+use crate::breaker::CircuitBreakerLayer;
+use crate::classify::{Classifier, HttpClassifier};
+use crate::deadline::DeadlineLayer;
+use crate::error::{BoxError, Error};
+use crate::gate::RetryAfterGateLayer;
+use crate::grpc::{MarkRetryableLayer, PropagateDeadlineLayer};
+use crate::idempotency::IdempotencyKeyLayer;
+use crate::limit::{
+    AdaptiveLimitLayer, AdaptiveLimiter, ConcurrencyLimitLayer, ConcurrencyLimiter,
+};
+use crate::retry::{RetryLayer, RetryPolicy};
+use crate::retry_after::RetryAfterLayer;
+use crate::shutdown::ShutdownHandle;
+use crate::trace::TraceLayer;
+
+/// The default [`StackLayer::deadline`]: 30 s.
+pub const DEFAULT_TOTAL: Duration = Duration::from_secs(30);
+/// The default [`StackLayer::attempt_timeout`]: 10 s.
+pub const DEFAULT_ATTEMPT: Duration = Duration::from_secs(10);
+
+/// What the stack calls, set from the layers' own values.
+pub(crate) struct Config<C> {
+    pub(crate) trace: TraceLayer,
+    pub(crate) shutdown: Option<ShutdownHandle>,
+    pub(crate) total: Duration,
+    pub(crate) gate: Option<RetryAfterGateLayer>,
+    pub(crate) concurrency: Option<Arc<ConcurrencyLimiter>>,
+    pub(crate) idempotency: Option<IdempotencyKeyLayer>,
+    pub(crate) mark: Option<MarkRetryableLayer>,
+    pub(crate) retry: RetryPolicy,
+    pub(crate) propagate: Option<PropagateDeadlineLayer>,
+    pub(crate) backoff: Backoff,
+    pub(crate) breaker: Option<CircuitBreakerLayer>,
+    pub(crate) adaptive: Option<Arc<AdaptiveLimiter>>,
+    pub(crate) retry_after: RetryAfterLayer,
+    pub(crate) classifier: C,
+    pub(crate) attempt: Duration,
+}
+
+impl<C: Clone> Clone for Config<C> {
+    fn clone(&self) -> Self {
+        Config {
+            trace: self.trace.clone(),
+            shutdown: self.shutdown.clone(),
+            total: self.total,
+            gate: self.gate.clone(),
+            concurrency: self.concurrency.clone(),
+            idempotency: self.idempotency.clone(),
+            mark: self.mark.clone(),
+            retry: self.retry.clone(),
+            propagate: self.propagate.clone(),
+            backoff: self.backoff.clone(),
+            breaker: self.breaker.clone(),
+            adaptive: self.adaptive.clone(),
+            retry_after: self.retry_after.clone(),
+            classifier: self.classifier.clone(),
+            attempt: self.attempt,
+        }
+    }
+}
+
+/// The whole stack as one layer; see the [module docs](self).
+///
+/// Built from the layers' own values: each setter takes what a user would
+/// stack (already checked by that layer's `new` / `try_new`), so this
+/// layer has no configuration error of its own. The defaults are those of
+/// each layer's `new`, with a 30 s total and a 10 s attempt timeout.
+///
+/// # Clone
+///
+/// Cheap (one `Arc`); clones and every service they make share the
+/// layers' state (budget, tables, limiters).
+pub struct StackLayer<C = HttpClassifier> {
+    cfg: Arc<Config<C>>,
+}
+
+impl<C> Clone for StackLayer<C> {
+    fn clone(&self) -> Self {
+        StackLayer {
+            cfg: Arc::clone(&self.cfg),
+        }
+    }
+}
+
+impl<C> fmt::Debug for StackLayer<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = &self.cfg;
+        f.debug_struct("StackLayer")
+            .field("total", &c.total)
+            .field("attempt", &c.attempt)
+            .field("retry", &c.retry)
+            .field("gate", &c.gate.is_some())
+            .field("concurrency", &c.concurrency)
+            .field("breaker", &c.breaker.is_some())
+            .field("adaptive", &c.adaptive)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for StackLayer<HttpClassifier> {
+    fn default() -> Self {
+        StackLayer::new()
+    }
+}
+
+impl StackLayer<HttpClassifier> {
+    /// The defaults: a [`TraceLayer::new`], a 30 s deadline, the holding
+    /// and closing Retry-After gate ([`RetryAfterGateLayer::new`]),
+    /// idempotency keys, [`RetryPolicy::default`], exponential backoff from
+    /// 100 ms to 10 s with full jitter, the default circuit breaker,
+    /// [`RetryAfterLayer::new`], the [`HttpClassifier`], a 10 s attempt
+    /// timeout; no shutdown handle, no concurrency or adaptive limit, no
+    /// gRPC marking or deadline propagation.
+    pub fn new() -> Self {
+        StackLayer {
+            cfg: Arc::new(Config {
+                trace: TraceLayer::new(),
+                shutdown: None,
+                total: DEFAULT_TOTAL,
+                gate: Some(RetryAfterGateLayer::new()),
+                concurrency: None,
+                idempotency: Some(IdempotencyKeyLayer::new()),
+                mark: None,
+                retry: RetryPolicy::default(),
+                propagate: None,
+                backoff: Backoff::exponential(Duration::from_millis(100), Duration::from_secs(10)),
+                breaker: Some(CircuitBreakerLayer::default()),
+                adaptive: None,
+                retry_after: RetryAfterLayer::new(),
+                classifier: HttpClassifier::default(),
+                attempt: DEFAULT_ATTEMPT,
+            }),
+        }
+    }
+}
+
+impl<C: Clone> StackLayer<C> {
+    fn with(mut self, f: impl FnOnce(&mut Config<C>)) -> Self {
+        f(Arc::make_mut(&mut self.cfg));
+        self
+    }
+
+    /// The request and attempt spans ([`TraceLayer`] and its
+    /// [`attempt_layer`](TraceLayer::attempt_layer)).
+    pub fn trace(self, trace: TraceLayer) -> Self {
+        self.with(|c| c.trace = trace)
+    }
+
+    /// Shut down with `handle` (refuse, end waits, cut after the grace),
+    /// as a [`ShutdownLayer`](crate::shutdown::ShutdownLayer) would.
+    pub fn shutdown(self, handle: Option<ShutdownHandle>) -> Self {
+        self.with(|c| c.shutdown = handle)
+    }
+
+    /// The total deadline of a logical request.
+    pub fn deadline(self, deadline: DeadlineLayer) -> Self {
+        self.with(|c| c.total = deadline.total())
+    }
+
+    /// The Retry-After gate, holding new requests above the concurrency
+    /// limit and closing / holding attempts below the retry loop, over the
+    /// layer's one table (its [`closes_gates`](RetryAfterGateLayer::closes_gates)
+    /// setting decides whether attempts close gates). `None`: no gate.
+    pub fn retry_after_gate(self, gate: Option<RetryAfterGateLayer>) -> Self {
+        self.with(|c| c.gate = gate)
+    }
+
+    /// A client-wide limit of logical requests in flight (the permit is
+    /// held until the response body ends). `None` (the default): no limit,
+    /// and no semaphore is touched.
+    pub fn concurrency_limit(self, limit: Option<ConcurrencyLimitLayer>) -> Self {
+        self.with(|c| c.concurrency = limit.map(|l| Arc::clone(l.limiter())))
+    }
+
+    /// Idempotency keys for POST/PATCH (the layer's methods and header).
+    /// `None`: no key is added.
+    pub fn idempotency_key(self, keys: Option<IdempotencyKeyLayer>) -> Self {
+        self.with(|c| c.idempotency = keys)
+    }
+
+    /// gRPC methods declared safe to retry. `None` (the default): none
+    /// marked.
+    pub fn grpc_retryable(self, mark: Option<MarkRetryableLayer>) -> Self {
+        self.with(|c| c.mark = mark)
+    }
+
+    /// The retry loop's policy (attempts, eligible methods, budget).
+    pub fn retry(self, retry: RetryLayer) -> Self {
+        self.with(|c| c.retry = retry.policy().clone())
+    }
+
+    /// Write the time left into each attempt (`grpc-timeout`, a budget
+    /// header). `None` (the default): nothing written.
+    pub fn propagate_deadline(self, propagate: Option<PropagateDeadlineLayer>) -> Self {
+        self.with(|c| c.propagate = propagate)
+    }
+
+    /// The delay proposed for each retryable attempt.
+    pub fn backoff(self, backoff: BackoffLayer) -> Self {
+        self.with(|c| c.backoff = backoff.backoff().clone())
+    }
+
+    /// The circuit breaker. `None`: none.
+    pub fn circuit_breaker(self, breaker: Option<CircuitBreakerLayer>) -> Self {
+        self.with(|c| c.breaker = breaker)
+    }
+
+    /// The adaptive limit of attempts in flight. `None` (the default):
+    /// none.
+    pub fn adaptive_limit(self, limit: Option<AdaptiveLimitLayer>) -> Self {
+        self.with(|c| c.adaptive = limit.map(|l| Arc::clone(l.limiter())))
+    }
+
+    /// The Retry-After / pushback parser (its statuses, cap and clock).
+    pub fn retry_after(self, retry_after: RetryAfterLayer) -> Self {
+        self.with(|c| c.retry_after = retry_after)
+    }
+
+    /// The time to the response head of each attempt.
+    pub fn attempt_timeout(self, timeout: AttemptTimeoutLayer) -> Self {
+        self.with(|c| c.attempt = timeout.timeout())
+    }
+
+    /// The classifier of each attempt's outcome.
+    pub fn classifier<C2: Clone>(self, classifier: C2) -> StackLayer<C2> {
+        let c = Arc::unwrap_or_clone(self.cfg);
+        StackLayer {
+            cfg: Arc::new(Config {
+                trace: c.trace,
+                shutdown: c.shutdown,
+                total: c.total,
+                gate: c.gate,
+                concurrency: c.concurrency,
+                idempotency: c.idempotency,
+                mark: c.mark,
+                retry: c.retry,
+                propagate: c.propagate,
+                backoff: c.backoff,
+                breaker: c.breaker,
+                adaptive: c.adaptive,
+                retry_after: c.retry_after,
+                classifier,
+                attempt: c.attempt,
+            }),
+        }
+    }
+}
+
+impl<S, C> Layer<S> for StackLayer<C> {
+    type Service = Stack<S, C>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Stack {
+            inner,
+            cfg: Arc::clone(&self.cfg),
+        }
+    }
+}
+
+/// The service of [`StackLayer`]; see the [module docs](self).
+///
+/// # Clone
+///
+/// Clones share the configuration and the layers' state; each clone calls
+/// its own clone of the inner service.
+pub struct Stack<S, C = HttpClassifier> {
+    inner: S,
+    cfg: Arc<Config<C>>,
+}
+
+impl<S: Clone, C> Clone for Stack<S, C> {
+    fn clone(&self) -> Self {
+        Stack {
+            inner: self.inner.clone(),
+            cfg: Arc::clone(&self.cfg),
+        }
+    }
+}
+
+impl<S: fmt::Debug, C> fmt::Debug for Stack<S, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Stack")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, C> Stack<S, C> {
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service, consuming `self`.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, B, ResB, C> Service<Request<B>> for Stack<S, C>
+where
+    S: Service<Request<B>, Response = Response<ResB>> + Clone,
+    S::Error: Into<BoxError>,
+    B: RetryBody,
+    ResB: http_body::Body,
+    C: Classifier<ResB>,
+{
+    type Response = Response<StackBody<ResB>>;
+    type Error = Error;
+    type Future = future::ResponseFuture<S, B, ResB, C>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner
+            .poll_ready(cx)
+            .map_err(|e| Error::from_boxed(e.into()))
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        // The ready service goes with this request; `self` keeps a clone
+        // that must be made ready again.
+        let clone = self.inner.clone();
+        let svc = mem::replace(&mut self.inner, clone);
+        future::ResponseFuture::start(Arc::clone(&self.cfg), svc, req)
+    }
+}
