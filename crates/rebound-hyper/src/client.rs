@@ -41,7 +41,7 @@
 //! | [`RetryAfterGateLayer`] (holding) | new requests to a host whose gate is closed wait here, holding no permit | [`retry_after_gate`](ClientBuilder::retry_after_gate) |
 //! | [`ConcurrencyLimitLayer`] | logical requests in flight, held until the body ends | [`concurrency_limit`](ClientBuilder::concurrency_limit) |
 //! | [`IdempotencyKeyLayer`] | POST/PATCH get an `Idempotency-Key` once | [`idempotency_keys`](ClientBuilder::idempotency_keys) |
-//! | [`FallbackLayer`] | **off by default**; on, a request whose retry loop ends in a retryable failure goes to the next listed route (its own retry loop, the same key and permit, `Authorization` stripped), all within the one deadline; fallbacks spend the retry budget | [`fallback`](ClientBuilder::fallback) |
+//! | [`FallbackLayer`] | **off by default**; on, a request whose retry loop ends in a retryable failure goes to the next listed route (its own retry loop, the same key and permit, the primary's secret headers and query parameters stripped), all within the one deadline; fallbacks spend the retry budget | [`fallback`](ClientBuilder::fallback) |
 //! | [`MarkRetryableLayer`] (only when configured) | gRPC calls to methods declared safe are eligible for retry | [`grpc_retryable_methods`](ClientBuilder::grpc_retryable_methods) |
 //! | [`RetryLayer`] | the only loop; budget shared by all clones | [`max_attempts`](ClientBuilder::max_attempts), [`retry_budget`](ClientBuilder::retry_budget), [`retry_methods`](ClientBuilder::retry_methods) |
 //! | [`HedgeLayer`] | **off by default**; on, a first attempt with no answer after a delay gets a copy, the first acceptable answer wins, the other is cancelled; hedges spend the retry budget, and a hedged request is not retried | [`hedge`](ClientBuilder::hedge) |
@@ -819,7 +819,7 @@ impl ClientBuilder {
     /// Fall back to the alternate [`Route`](rebound_core::fallback::Route)s
     /// of `layer` when a request's retry loop ends in a retryable failure
     /// (see [`rebound_core::fallback`]: only then, only to the routes
-    /// listed, `Authorization` stripped, the response marked with
+    /// listed, without the primary's credentials, the response marked with
     /// [`Served`](rebound_core::fallback::Served)); `None` takes it out.
     /// Default: `None`, and then it is not in the stack at all (an `Either`
     /// branch): a request pays nothing for it.
@@ -854,6 +854,17 @@ impl ClientBuilder {
     /// * The holding Retry-After gate, above the limit, sees the primary's
     ///   host; a route's host whose gate is closed is held (or failed fast)
     ///   by the gate below the retry loop, as a retry to it would be.
+    ///
+    /// What a route never receives is the layer's own list, not the
+    /// [trace](Self::trace) configuration's: every header on
+    /// [`HeaderDenyList::default`](rebound_core::redact::HeaderDenyList)
+    /// (the trace's default deny-list, name rule included) and every query
+    /// parameter whose name looks secret; a route's rewrite may set its
+    /// own. A header you add to the trace's deny-list
+    /// ([`deny_header`](rebound_core::trace::TraceBuilder::deny_header))
+    /// is not stripped by that alone: give it to
+    /// [`FallbackLayer::strip_headers`] too, or the same list to
+    /// [`FallbackLayer::secret_headers`].
     ///
     /// The request body is sent again from the copy the retry loop keeps:
     /// in memory, or a stream within the
