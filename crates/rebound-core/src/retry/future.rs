@@ -226,7 +226,14 @@ where
         let n = self.attempt;
         let ext = extensions_mut(&mut outcome);
         let sent = match ext.get::<Verdict>() {
-            None | Some(Verdict::Success) => return Decision::Return(self.finish(outcome, None)),
+            None | Some(Verdict::Success) => {
+                if n > 1 {
+                    // A retry that worked gives its token back (see
+                    // `RetryBudget::refund`).
+                    self.policy.budget.refund();
+                }
+                return Decision::Return(self.finish(outcome, None));
+            }
             Some(Verdict::Fatal { .. }) => {
                 // A wait below (a gate, a limit's queue) that a shutdown
                 // ended: stopped by the shutdown, as a backoff sleep is,

@@ -68,7 +68,9 @@
 //!    any, once the [`ProposedDelay`](crate::ProposedDelay) has passed
 //!    (without a backoff layer below: the Retry-After hint, else no delay);
 //! 5. the [`RetryBudget`] allows it (checked last, so a retry refused for
-//!    another reason costs no budget).
+//!    another reason costs no budget). A retry that then succeeds gives its
+//!    token back ([`RetryBudget::refund`]), so errors the retries absorb
+//!    cost the budget nothing.
 //!
 //! Otherwise the caller gets **the last real outcome, untouched** (the 503
 //! response with its body, or the last error), with [`Attempts`](crate::Attempts)
