@@ -406,12 +406,13 @@ async fn tour() {
     let mut omitted: String = calls[2..].iter().map(|r| r.logs.as_str()).collect();
 
     // A host that answers 503 five times, then recovers, behind a circuit
-    // breaker tuned small (opens at 10 % of at least 5 attempts, 500 ms
-    // break; the client's default is 100 attempts in 30 s, 5 s) and one
-    // attempt per call, so that each call is one attempt.
+    // breaker tuned small (opens after 5 failed requests in a row, 500 ms
+    // break; the client's defaults are 10 in a row, or 50 % of at least
+    // 100 in 30 s, and 5 s) and one attempt per call, so that each call is
+    // one attempt.
     let breaker = CircuitBreakerLayer::new(
         CircuitBreakerConfig::default()
-            .minimum_throughput(5)
+            .consecutive_failures(5)
             .break_duration(Duration::from_millis(500)),
     );
     let broken = client(builder(&roots).max_attempts(1).circuit_breaker(breaker));

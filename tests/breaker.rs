@@ -1,9 +1,10 @@
 //! Issue 13's circuit-breaker acceptance through the ready-made client over
 //! real sockets (`FaultServer` on 127.0.0.1): a host answering 503 to
-//! everything opens its circuit after the configured minimum, later calls
-//! fail fast without reaching it, after the break one probe goes through,
-//! and once the host is healthy the circuit closes; 404s and 400s never
-//! open it, a 429 storm does; another host is unaffected throughout.
+//! everything opens its circuit after 10 failed calls in a row (the
+//! default trigger), later calls fail fast without reaching it, after the
+//! break one probe goes through, and once the host is healthy the circuit
+//! closes; 404s, 400s and a 429 storm never open it (issue 18: throttling
+//! is not breakage); another host is unaffected throughout.
 //!
 //! Counts are exact (the server's recorder); time is real but every bound
 //! is generous: the break is 2 s and what happens inside it is a handful of
@@ -17,17 +18,14 @@ use rebound_test::fault::{Action, FaultServer};
 use tokio::time::{sleep, timeout, Instant};
 
 const BREAK: Duration = Duration::from_secs(2);
-const MINIMUM: u64 = 20;
+/// The default consecutive trigger.
+const MINIMUM: u64 = 10;
 
 /// One attempt per call, so that every call is one count at the server and
-/// in the breaker's window; the breaker opens at 10 % over at least
-/// `MINIMUM` calls.
+/// in the breaker's window; the breaker has its defaults but for a shorter
+/// break: it opens after `MINIMUM` failed calls in a row.
 fn breaker() -> CircuitBreakerLayer {
-    CircuitBreakerLayer::new(
-        CircuitBreakerConfig::default()
-            .minimum_throughput(MINIMUM as u32)
-            .break_duration(BREAK),
-    )
+    CircuitBreakerLayer::new(CircuitBreakerConfig::default().break_duration(BREAK))
 }
 
 fn client(breaker: &CircuitBreakerLayer) -> Client {
@@ -122,7 +120,7 @@ async fn a_host_answering_503_opens_then_probes_then_closes_when_healthy() {
 }
 
 #[tokio::test]
-async fn fours_hundreds_never_open_it_and_a_429_storm_does() {
+async fn fours_hundreds_and_a_429_storm_never_open_it() {
     bounded(async {
         let missing = FaultServer::builder()
             .default(Action::status(404))
@@ -151,19 +149,13 @@ async fn fours_hundreds_never_open_it_and_a_429_storm_does() {
         assert_eq!(breaker.state(&uri(&missing)), CircuitState::Closed);
         assert_eq!(breaker.state(&uri(&bad)), CircuitState::Closed);
 
-        let mut opened = false;
-        for _ in 0..100 {
-            match client.get(busy.url("/").as_str()).await {
-                Ok(res) => assert_eq!(res.status(), 429),
-                Err(err) => {
-                    assert!(err.is_circuit_open(), "{err}");
-                    opened = true;
-                }
-            }
+        // Throttling is not breakage: every call is sent and answered 429.
+        for _ in 0..150 {
+            let res = client.get(busy.url("/").as_str()).await.unwrap();
+            assert_eq!(res.status(), 429);
         }
-        assert!(opened);
-        assert_eq!(busy.request_count(), MINIMUM);
-        assert_eq!(breaker.state(&uri(&busy)), CircuitState::Open);
+        assert_eq!(busy.request_count(), 150);
+        assert_eq!(breaker.state(&uri(&busy)), CircuitState::Closed);
     })
     .await;
 }

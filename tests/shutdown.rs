@@ -381,3 +381,47 @@ async fn a_kept_response_holds_the_shutdown_only_if_its_body_has_bytes_left() {
     assert_eq!(report.bodies_cut, 1);
     drop(kept);
 }
+
+/// Requests still waiting for their response head when the shutdown ends
+/// are requests cut, not bodies cut: the transport takes a body's guard
+/// when the head arrives, not when the request is sent (issue 18: 5,000
+/// requests cut before any response were reported as 5,000 bodies cut).
+/// A body being read at the same time still counts as one body cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_cut_before_their_head_are_not_counted_as_bodies() {
+    const STUCK: usize = 20;
+    let server = FaultServer::builder()
+        .route("/stuck", (0..STUCK).map(|_| Action::never_respond()))
+        // 10,000 bytes at 1000 B/s: still being read when the grace ends.
+        .route(
+            "/long",
+            [Action::status(200).body_len(10_000).trickle(1_000)],
+        )
+        .start()
+        .await;
+    let client = client();
+    let long = client.get(server.url("/long")).await.unwrap();
+    let reader = tokio::spawn(async move {
+        use http_body_util::BodyExt;
+        long.into_body().collect().await.map(|b| b.to_bytes().len())
+    });
+    let stuck: Vec<_> = (0..STUCK)
+        .map(|_| tokio::spawn(client.get(server.url("/stuck"))))
+        .collect();
+    until("the stuck requests at the server", || {
+        server.requests_to("/stuck").len() == STUCK
+    })
+    .await;
+
+    let report = client.shutdown(Duration::from_millis(300)).await;
+    assert_eq!(report.in_flight, STUCK, "{report:?}");
+    assert_eq!(report.cancelled, STUCK, "{report:?}");
+    assert_eq!(report.completed, 0, "{report:?}");
+    assert_eq!(report.bodies_cut, 1, "only the body being read: {report:?}");
+    for t in stuck {
+        let err = t.await.unwrap().unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Closed, "{err}");
+    }
+    let err = reader.await.unwrap().expect_err("cut with the shutdown");
+    assert_eq!(err.kind(), ErrorKind::Closed, "{err}");
+}

@@ -19,6 +19,8 @@
 //! assert!(Empty::<Bytes>::new().try_replay().is_some());
 //! ```
 
+use std::task::{Context, Poll};
+
 use http_body_util::{Empty, Full};
 
 /// A request body that may be able to produce a fresh copy of itself for
@@ -46,6 +48,23 @@ pub trait ReplayableBody: http_body::Body + Sized {
     /// in memory, whose copies are always whole.
     fn try_replay_whole(&self) -> Option<Self> {
         self.try_replay()
+    }
+
+    /// Read more of the body into its replay buffer, without sending it,
+    /// so that a retry can be sent whole: what the retry layer does while
+    /// it waits for a streamed body that an attempt was still sending when
+    /// the answer came (see [`ReplayBody::poll_buffer`](crate::replay::ReplayBody::poll_buffer)).
+    /// `Ready(Some(n))`: `n` more bytes are buffered, poll again;
+    /// `Ready(None)`: nothing more to buffer (the body is whole, or can no
+    /// longer be replayed); `Pending`: waiting for the body.
+    ///
+    /// Called on the body the retry layer keeps (the one
+    /// [`try_replay`](Self::try_replay) was called on), never on a copy
+    /// being sent. The default is `Ready(None)`: right for bodies in
+    /// memory, which are whole already.
+    fn poll_buffer(&mut self, cx: &mut Context<'_>) -> Poll<Option<usize>> {
+        let _ = cx;
+        Poll::Ready(None)
     }
 }
 
@@ -97,6 +116,14 @@ pub trait RetryBody: http_body::Body + Sized {
     /// Whether a copy can still be made at all (within its cap), even if
     /// it is not yet known to be whole: the retry loop then waits for it.
     fn may_replay(kept: &Self::Kept) -> bool;
+
+    /// Read more of the body into what is kept, while the retry loop waits
+    /// for it to become whole (see [`ReplayableBody::poll_buffer`]). The
+    /// default is `Ready(None)`: nothing to read.
+    fn poll_buffer(kept: &mut Self::Kept, cx: &mut Context<'_>) -> Poll<Option<usize>> {
+        let _ = (kept, cx);
+        Poll::Ready(None)
+    }
 }
 
 impl<B: ReplayableBody> RetryBody for B {
@@ -113,6 +140,10 @@ impl<B: ReplayableBody> RetryBody for B {
 
     fn may_replay(kept: &Self::Kept) -> bool {
         kept.try_replay().is_some()
+    }
+
+    fn poll_buffer(kept: &mut Self::Kept, cx: &mut Context<'_>) -> Poll<Option<usize>> {
+        kept.poll_buffer(cx)
     }
 }
 
@@ -135,5 +166,9 @@ impl RetryBody for tonic::body::Body {
 
     fn may_replay(kept: &Self::Kept) -> bool {
         kept.try_replay().is_some()
+    }
+
+    fn poll_buffer(kept: &mut Self::Kept, cx: &mut Context<'_>) -> Poll<Option<usize>> {
+        kept.poll_buffer(cx)
     }
 }

@@ -1,38 +1,40 @@
-//! The circuit breaker: stop calling a host that keeps failing, for a while.
+//! The circuit breaker: stop calling a host that is broken, for a while —
+//! and never one that works.
 //!
 //! ```
 //! use std::convert::Infallible;
 //! use std::time::Duration;
+//! use bytes::Bytes;
 //! use http::{Request, Response, StatusCode};
-//! use rebound_core::breaker::{CircuitBreakerConfig, CircuitBreakerLayer};
+//! use http_body_util::Empty;
+//! use rebound_core::breaker::CircuitBreakerLayer;
 //! use rebound_core::classify::{ClassifyLayer, HttpClassifier};
+//! use rebound_core::retry::{RetryLayer, RetryPolicy};
 //! use rebound_core::{CircuitState, ErrorKind, Sent};
 //! use tower::{ServiceBuilder, ServiceExt};
 //!
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
 //! # async fn main() {
-//! let breaker = CircuitBreakerLayer::new(
-//!     CircuitBreakerConfig::default()
-//!         .failure_ratio(0.5)
-//!         .minimum_throughput(4)
-//!         .break_duration(Duration::from_secs(5)),
-//! );
+//! // The defaults, above the retry loop: the breaker counts requests.
+//! let breaker = CircuitBreakerLayer::default();
 //! let svc = ServiceBuilder::new()
 //!     .layer(breaker.clone())
+//!     .layer(RetryLayer::new(RetryPolicy::default()))
 //!     .layer(ClassifyLayer::new(HttpClassifier::default()))
-//!     .service(tower::service_fn(|_req: Request<()>| async {
-//!         let mut res = Response::new(());
+//!     .service(tower::service_fn(|_req: Request<Empty<Bytes>>| async {
+//!         let mut res = Response::new(Empty::<Bytes>::new());
 //!         *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
 //!         Ok::<_, Infallible>(res)
 //!     }));
 //!
 //! let uri: http::Uri = "https://api.example/v1".parse().unwrap();
-//! let get = || Request::get(uri.clone()).body(()).unwrap();
-//! for _ in 0..4 {
+//! let get = || Request::get(uri.clone()).body(Empty::new()).unwrap();
+//! for _ in 0..10 {
 //!     let res = svc.clone().oneshot(get()).await.unwrap();
 //!     assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
 //! }
-//! // Four calls, all failing: the circuit of api.example is open.
+//! // Ten requests in a row failed after their retries: the circuit of
+//! // api.example is open.
 //! assert_eq!(breaker.state(&uri), CircuitState::Open);
 //! let err = svc.clone().oneshot(get()).await.unwrap_err();
 //! assert_eq!(err.kind(), ErrorKind::CircuitOpen);
@@ -53,67 +55,131 @@
 //! Each circuit (one per host by default) is **closed**, **open** or
 //! **half-open**:
 //!
-//! * **Closed**: calls go through and their outcomes are counted in a
-//!   sliding window of [`sampling_duration`](CircuitBreakerConfig::sampling_duration)
-//!   (ten buckets, each a tenth of it). When a failure leaves the window
-//!   with at least [`minimum_throughput`](CircuitBreakerConfig::minimum_throughput)
-//!   calls and a failure ratio of at least
-//!   [`failure_ratio`](CircuitBreakerConfig::failure_ratio), the circuit
-//!   opens.
+//! * **Closed**: calls go through and their outcomes are counted. The
+//!   circuit opens on either of two triggers:
+//!   * [`consecutive_failures`](CircuitBreakerConfig::consecutive_failures)
+//!     failures in a row (a success ends the run; what is not counted, see
+//!     below, neither ends nor extends it);
+//!   * a failure that leaves a sliding window of
+//!     [`sampling_duration`](CircuitBreakerConfig::sampling_duration) (ten
+//!     buckets, each a tenth of it) with at least
+//!     [`minimum_throughput`](CircuitBreakerConfig::minimum_throughput)
+//!     calls and a failure ratio of at least
+//!     [`failure_ratio`](CircuitBreakerConfig::failure_ratio).
 //! * **Open**: every call fails at once with [`ErrorKind::CircuitOpen`],
 //!   without reaching the service below, for the
 //!   [`break_duration`](CircuitBreakerConfig::break_duration) (optionally
 //!   [growing](CircuitBreakerConfig::break_growth) while probes keep
-//!   failing).
+//!   failing). These refusals are never counted.
 //! * **Half-open**: once the break is over, up to
 //!   [`half_open_probes`](CircuitBreakerConfig::half_open_probes) calls go
 //!   through as probes (the others still fail at once). When that many
-//!   probes have succeeded the circuit closes, with a fresh window; one
-//!   failed probe opens it again. A probe dropped before its outcome (its
-//!   caller gave up) frees its slot for the next call.
+//!   probes have succeeded the circuit closes **with a fresh start**: an
+//!   empty window and no run of failures; one failed probe opens it again.
+//!   A probe dropped before its outcome (its caller gave up), or whose
+//!   outcome is not counted (a 429), frees its slot for the next call.
 //!
 //! # What counts
 //!
 //! The breaker reads the [`Verdict`] that a classify layer below it left on
-//! each outcome:
+//! each outcome (above a retry loop: the last real outcome the loop
+//! returns, with its annotations):
 //!
 //! | outcome | counts as |
 //! |---|---|
-//! | `Retryable` (a 429 or 5xx storm, timeouts, resets, refused connects) | failure |
+//! | `Retryable` (a 5xx, timeouts, resets, refused connects) | failure |
 //! | a response, `Success` or `Fatal` (404, 400, ...: the host answered) | success |
+//! | **throttling**: status 429 (whatever its verdict), a 5xx with a `Retry-After` header, an outcome carrying a [`RetryAfterHint`] (Retry-After, gRPC pushback), the Retry-After gate's own refusal ([`ErrorKind::Throttled`]) | not counted |
 //! | an error without a verdict (no classifier below) | failure |
 //! | an error with a `Fatal` verdict (cancelled, refused by a local limiter, another breaker's open circuit, a certificate rejected ...) | not counted |
 //! | a call dropped before its outcome | not counted |
 //!
-//! So a 429 storm opens the circuit and a burst of 404s does not.
+//! Throttling is not breakage: a host that sheds load with 429s, or asks
+//! for a pause with a 503 and a `Retry-After`, is working, and the
+//! Retry-After gate, the backoff and the adaptive limit already slow down
+//! for it. Counted as failures, a 429 storm opens the circuit, and the
+//! open circuit then hides the host's recovery from the adaptive limit
+//! (which only grows on successes): each holds the other down. Not counted,
+//! a 429 storm never opens it, and once the storm ends the adaptive limit
+//! grows back on the successes. A burst of 404s does not open it either.
 //!
-//! # Defaults
+//! # Defaults, and why
 //!
-//! Those of .NET's standard resilience handler (Polly v8's circuit
-//! breaker strategy): failure ratio **10 %**, minimum throughput **100**
-//! calls, sampling duration **30 s**, break duration **5 s**, one probe
-//! when half-open, no growth of the break. Conservative: it takes a real
-//! outage (a hundred calls in 30 s, one in ten failing) to open.
+//! **10 consecutive failures**, or a failure ratio of **50 %** over at
+//! least **100** calls in **30 s**; a break of **5 s**; one probe when
+//! half-open; no growth of the break. Chosen so that errors a retry loop
+//! absorbs cannot open the circuit, while a broken host still does, fast.
+//! With the breaker above the retry loop (the ready-made client's place)
+//! and 3 attempts per request, a host whose attempts fail independently at
+//! a rate *p* fails requests at about *p*³: 0.1 → 0.1 %, 0.2 → 0.8 %,
+//! 0.5 → 12.5 %.
+//!
+//! * Ten consecutive failed requests at *p* = 0.5 happen with probability
+//!   0.125¹⁰ ≈ 1e-9 per request (at *p* = 0.2, 1e-21).
+//! * A 50 % ratio over at least 100 requests, when 12.5 % fail, is about
+//!   11 standard deviations away (mean 12.5, σ ≈ 3.3).
+//! * A total outage (every answer a 503, every connect refused) opens the
+//!   circuit after 10 requests, even when the 30 s window is full of the
+//!   earlier successes; the ratio alone would wait for the window to turn
+//!   over (about 15 s at a steady rate).
+//!
+//! These figures assume the retries are made. The client's default
+//! [retry budget](crate::retry::RetryBudget) gives back the token of a
+//! retry that succeeds, so it refuses none of them while the failed
+//! retries stay under its ratio (20 % of requests: *p*² + *p*³ ≤ 0.2, *p*
+//! up to about 0.38); past that, refused retries make requests fail at
+//! nearer *p*, and such a host is broken enough to trip it.
+//!
+//! The peers, for comparison (their documented defaults):
+//!
+//! | | opens on | window | break |
+//! |---|---|---|---|
+//! | Polly v8 / .NET standard resilience handler | 10 % of ≥ 100 calls | 30 s | 5 s |
+//! | Hystrix | 50 % of ≥ 20 requests | 10 s rolling | 5 s sleep window |
+//! | resilience4j | 50 % of ≥ 100 calls | the last 100 calls (count-based) | 60 s |
+//! | linkerd 2 (`consecutive` failure accrual) | 7 consecutive failures | — | backoff |
+//! | Envoy outlier detection | 5 consecutive 5xx | — | 30 s × ejections |
+//! | Finagle failure accrual | 5 consecutive failures | — | 5–300 s, jittered backoff |
+//!
+//! Polly's breaker sits below its retry and counts attempts: at 10 % a
+//! host failing exactly one attempt in ten trips it, and the errors the
+//! retries absorb become refusals. Hystrix and resilience4j count calls at
+//! 50 %; linkerd, Envoy and Finagle open on a run of consecutive failures.
+//! rebound takes both kinds of trigger, counted over logical requests.
 //!
 //! # Where it sits, and its error
 //!
-//! Above the classify layer, whose verdicts it reads, and **below the
-//! retry loop**, so that it sees every attempt (as Polly's standard
-//! pipeline puts it: retry → circuit breaker → attempt timeout):
+//! Above the classify layer, whose verdicts it reads, and in one of two
+//! places, which decide what it counts:
 //!
-//! ```text
-//! Retry ─► Backoff ─► RetryAfterGate ─► CircuitBreaker ─► AdaptiveLimit ─► RetryAfter ─► Classify ─► ...
-//! ```
+//! * **Above the retry loop** (the ready-made client's place, just below
+//!   the fallback layer so that a fallback still happens after an open
+//!   circuit): it admits **requests** and counts each request's final
+//!   outcome, so an attempt the loop then recovers is not a failure. An
+//!   open circuit fails the request before the loop, costing neither an
+//!   attempt nor the retry budget; a probe is one request, with its
+//!   retries. The defaults are meant for this place.
 //!
-//! Below the Retry-After gate, so a request held by the gate holds no probe
-//! slot; above the adaptive limit, so a call failed at once takes no
-//! attempt slot.
+//!   ```text
+//!   Fallback ─► CircuitBreaker ─► Retry ─► Backoff ─► RetryAfterGate ─► AdaptiveLimit ─► RetryAfter ─► Classify ─► ...
+//!   ```
+//! * **Below the retry loop** (as Polly's standard pipeline puts it: retry
+//!   → circuit breaker → attempt timeout): it admits and counts
+//!   **attempts**, including those the loop recovers. Set its thresholds
+//!   for attempts then: at the defaults a run of 10 failed attempts is
+//!   three or four requests, and a host whose attempts fail half the time
+//!   (which 3 attempts turn into 12.5 % failed requests) reaches the 50 %
+//!   ratio. A retry that meets the open circuit stops there (below).
+//!
+//! Above the adaptive limit in both places, so a call failed at once takes
+//! no attempt slot. A request held by a Retry-After gate below it holds its
+//! probe slot while it waits, when it is a probe.
 //!
 //! While a circuit is open a call fails with its own kind,
 //! [`ErrorKind::CircuitOpen`], carrying [`Sent::NotSent`], a
 //! [`Verdict::Fatal`] (reason `circuit open`), a [`RetryAfterHint`] with the
 //! time left in the break (none when the break is over and the probes are
-//! in flight) and [`CircuitState::Open`]. The retry loop stops
+//! in flight) and [`CircuitState::Open`]. Below a retry loop, the loop stops
 //! on a fatal verdict before it looks at its attempts or its budget, so
 //! the open circuit costs neither: a retryable verdict instead (it is not
 //! sent, so any method could be retried) would make the loop spin through
@@ -148,17 +214,20 @@
 //!
 //! A call to a closed circuit costs one hash of the authority (no
 //! allocation), an atomic load or two to find its slot and read its state,
-//! and, with the outcome, one clock read and one compare-and-swap on the
-//! current bucket: no lock, no allocation. Failures also sum the ten
-//! buckets. The table's only locks guard each slot's log label, taken when
-//! a host first takes a slot and when a circuit changes state.
+//! and, with the outcome, a status compare, one clock read, one
+//! compare-and-swap on the current bucket and one atomic load of the run of
+//! failures (written only when a run is there to end): no lock, no
+//! allocation. Failures also sum the ten buckets. The table's only locks
+//! guard each slot's log label, taken when a host first takes a slot and
+//! when a circuit changes state.
 //!
 //! # Observing
 //!
 //! [`CircuitBreakerLayer::state`] (and [`CircuitBreaker::state`]) tell a
 //! host's state. Every state change is an INFO event (`circuit breaker
-//! opened`, `half-open`, `closed`) naming the circuit's host; with the
-//! `metrics` feature it is also counted
+//! opened`, `half-open`, `closed`) naming the circuit's host and why
+//! (`consecutive failures`, `failure ratio reached`, `a probe failed`, ...);
+//! with the `metrics` feature it is also counted
 //! ([`CIRCUIT_TRANSITIONS`](crate::metrics::CIRCUIT_TRANSITIONS)) and so is
 //! each call failed at once
 //! ([`CIRCUIT_REJECTED`](crate::metrics::CIRCUIT_REJECTED)).
@@ -179,7 +248,8 @@ use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
-use http::{Request, Response, Uri};
+use http::header::RETRY_AFTER;
+use http::{Request, Response, StatusCode, Uri};
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
 use tower_layer::Layer;
@@ -233,11 +303,14 @@ type KeyFn = Arc<dyn Fn(&Uri, &mut DefaultHasher) + Send + Sync>;
 
 /// The settings of a [`CircuitBreakerLayer`]; see the [module docs](self).
 ///
-/// Every setter documents its default (those of .NET's standard resilience
-/// handler). Values are checked by [`CircuitBreakerLayer::new`] (which
+/// Every setter documents its default (chosen so that errors a retry loop
+/// absorbs cannot open the circuit: see the module docs' "Defaults, and
+/// why"). Values are checked by [`CircuitBreakerLayer::new`] (which
 /// panics) or [`CircuitBreakerLayer::try_new`] (which returns an error).
 #[derive(Clone)]
 pub struct CircuitBreakerConfig {
+    /// 0: the consecutive trigger is off.
+    consecutive_failures: u32,
     failure_ratio: f64,
     minimum_throughput: u32,
     sampling_duration: Duration,
@@ -253,7 +326,8 @@ pub struct CircuitBreakerConfig {
 impl Default for CircuitBreakerConfig {
     fn default() -> Self {
         CircuitBreakerConfig {
-            failure_ratio: 0.1,
+            consecutive_failures: 10,
+            failure_ratio: 0.5,
             minimum_throughput: 100,
             sampling_duration: Duration::from_secs(30),
             break_duration: Duration::from_secs(5),
@@ -269,6 +343,7 @@ impl Default for CircuitBreakerConfig {
 impl fmt::Debug for CircuitBreakerConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CircuitBreakerConfig")
+            .field("consecutive_failures", &self.consecutive_failures)
             .field("failure_ratio", &self.failure_ratio)
             .field("minimum_throughput", &self.minimum_throughput)
             .field("sampling_duration", &self.sampling_duration)
@@ -295,8 +370,17 @@ impl CircuitBreakerConfig {
         Self::default()
     }
 
+    /// Open the circuit after this many failed calls in a row (a success
+    /// ends the run; calls that are not counted, such as throttling,
+    /// neither end nor extend it); `0` turns this trigger off, leaving the
+    /// ratio alone. Default: 10.
+    pub fn consecutive_failures(mut self, failures: u32) -> Self {
+        self.consecutive_failures = failures;
+        self
+    }
+
     /// The share of failed calls in the window at which the circuit opens,
-    /// in `(0, 1]`. Default: `0.1` (10 %).
+    /// in `(0, 1]`. Default: `0.5` (50 %).
     pub fn failure_ratio(mut self, ratio: f64) -> Self {
         self.failure_ratio = ratio;
         self
@@ -433,6 +517,8 @@ struct Slot {
     state: AtomicU64,
     buckets: [AtomicU64; BUCKETS],
     half: AtomicU64,
+    /// Failures in a row while closed (the consecutive trigger).
+    run: AtomicU32,
     /// Consecutive openings since the circuit last closed.
     breaks: AtomicU32,
     /// `scheme://host:port` of the request that took the slot, for logs.
@@ -446,6 +532,7 @@ impl Slot {
             state: AtomicU64::new(CLOSED),
             buckets: Default::default(),
             half: AtomicU64::new(0),
+            run: AtomicU32::new(0),
             breaks: AtomicU32::new(0),
             label: Mutex::new(String::new()),
         }
@@ -495,17 +582,46 @@ enum Count {
     Ignore,
 }
 
+/// What `outcome` counts as (see the module docs' "What counts"): a
+/// function of the outcome alone.
 fn count_of<B>(outcome: &Result<Response<B>, Error>) -> Count {
     match outcome {
-        Ok(res) => match res.extensions().get::<Verdict>() {
-            Some(Verdict::Retryable { .. }) => Count::Failure,
-            _ => Count::Success,
-        },
-        Err(err) => match err.extensions().get::<Verdict>() {
-            Some(Verdict::Retryable { .. }) | None => Count::Failure,
-            Some(_) => Count::Ignore,
-        },
+        Ok(res) => {
+            // Throttling is neither a success nor a failure, whatever the
+            // classifier made of it.
+            if res.status() == StatusCode::TOO_MANY_REQUESTS {
+                return Count::Ignore;
+            }
+            match res.extensions().get::<Verdict>() {
+                Some(Verdict::Retryable { .. }) if asks_for_a_pause(res) => Count::Ignore,
+                Some(Verdict::Retryable { .. }) => Count::Failure,
+                _ => Count::Success,
+            }
+        }
+        Err(err) => {
+            // The Retry-After gate's own refusal.
+            if err.kind() == ErrorKind::Throttled {
+                return Count::Ignore;
+            }
+            match err.extensions().get::<Verdict>() {
+                Some(Verdict::Retryable { .. })
+                    if err.extensions().get::<RetryAfterHint>().is_some() =>
+                {
+                    Count::Ignore
+                }
+                Some(Verdict::Retryable { .. }) | None => Count::Failure,
+                Some(_) => Count::Ignore,
+            }
+        }
     }
+}
+
+/// A failed response that asks for a pause: a hint parsed below (a
+/// Retry-After, gRPC pushback), or a 5xx with a `Retry-After` header (even
+/// one no layer below parsed).
+fn asks_for_a_pause<B>(res: &Response<B>) -> bool {
+    res.extensions().get::<RetryAfterHint>().is_some()
+        || (res.status().is_server_error() && res.headers().contains_key(RETRY_AFTER))
 }
 
 struct Table {
@@ -516,6 +632,8 @@ struct Table {
     base: Instant,
     /// Bucket length in µs.
     bucket_us: u64,
+    /// 0: off.
+    consecutive: u32,
     failure_ratio: f64,
     minimum_throughput: u64,
     break_us: u64,
@@ -538,6 +656,7 @@ impl Table {
             key_fn: cfg.key_fn.clone(),
             base: Instant::now(),
             bucket_us: (micros(cfg.sampling_duration) / BUCKETS as u64).max(1),
+            consecutive: cfg.consecutive_failures,
             failure_ratio: cfg.failure_ratio,
             minimum_throughput: u64::from(cfg.minimum_throughput),
             break_us: micros(cfg.break_duration),
@@ -638,6 +757,7 @@ impl Table {
         // count.
         let gen = (slot.half.load(Ordering::Relaxed) >> 32).wrapping_add(1);
         slot.half.store(gen << 32, Ordering::Relaxed);
+        slot.run.store(0, Ordering::Relaxed);
         slot.breaks.store(0, Ordering::Relaxed);
         {
             let mut label = slot.label.lock().unwrap_or_else(|p| p.into_inner());
@@ -803,12 +923,23 @@ impl Table {
                 let failure = count == Count::Failure;
                 self.record(slot, now, failure);
                 if failure {
+                    if self.consecutive != 0 {
+                        let run = slot.run.fetch_add(1, Ordering::AcqRel).saturating_add(1);
+                        if run >= self.consecutive {
+                            self.open(slot, word, now, "consecutive failures");
+                            return;
+                        }
+                    }
                     let (failures, calls) = self.window(slot, now);
                     if calls >= self.minimum_throughput
                         && failures as f64 >= self.failure_ratio * calls as f64
                     {
                         self.open(slot, word, now, "failure ratio reached");
                     }
+                } else if slot.run.load(Ordering::Relaxed) != 0 {
+                    // A success ends the run; written only when there is
+                    // one, so the happy path stores nothing here.
+                    slot.run.store(0, Ordering::Relaxed);
                 }
             }
             Admit::Probe(gen) => match count {
@@ -838,9 +969,11 @@ impl Table {
                             .compare_exchange(word, CLOSED, Ordering::AcqRel, Ordering::Acquire)
                             .is_ok()
                     {
+                        // A fresh start: an empty window, no run of failures.
                         for b in &slot.buckets {
                             b.store(0, Ordering::Relaxed);
                         }
+                        slot.run.store(0, Ordering::Relaxed);
                         slot.breaks.store(0, Ordering::Release);
                         self.transition(slot, CircuitState::Closed, "the probes succeeded");
                     }

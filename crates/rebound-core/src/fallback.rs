@@ -86,15 +86,100 @@
 //! Nothing outside the list is ever reached: each [`Route`] is an absolute
 //! URL fixed at construction (scheme and authority replace the request's;
 //! a path prefix is prepended), then the route's rewrite, if any, may
-//! change the request (another model id, another header). Credentials do
-//! not cross hosts by accident: the headers named by
-//! [`FallbackLayer::strip_headers`] (`Authorization` by default) are
-//! removed before the rewrite runs, so the alternate route receives one
-//! only if its rewrite sets it. Only the [`Deadline`], [`IdempotencyKey`]
-//! and [`PermitLease`] annotations are carried to an alternate route (not
-//! the request's whole extension map), and the previous route's outcome is
-//! dropped before the next route is called (so what it holds — its
-//! connection, a permit in its body — is not held across that call).
+//! change the request (another model id, another header).
+//!
+//! A fallback must never send data where it was not approved, and the
+//! primary's credentials were approved for the primary only. So before a
+//! route's rewrite runs, the request loses:
+//!
+//! * every **secret header**: those the redaction deny-list
+//!   ([`HeaderDenyList::default`], the one the trace layers use, so the
+//!   two cannot drift apart) names — `Authorization`,
+//!   `Proxy-Authorization`, `Cookie`, `Set-Cookie`, `x-api-key`,
+//!   `api-key`, `x-auth-token`, `x-amz-security-token`, `x-goog-api-key` —
+//!   and every header its name rule catches: a name that contains
+//!   `token`, `secret`, `password`, `session`, `signature`, `api-key`
+//!   (`api_key`, `apikey`) or `auth` (`x-session-token`,
+//!   `x-client-secret`, ...; [`redact::name_looks_secret`]);
+//! * every **secret query parameter**: one whose name, percent-decoded
+//!   and ignoring case, is `key` or `sig` or contains one of the same
+//!   words (`api_key`, `apiKey`, `access_token`, `X-Amz-Signature`, ...;
+//!   [`redact::query_name_looks_secret`]). The other parameters keep their
+//!   order and their encoding, and `?` goes when none is left;
+//! * the `Host` header, which named the primary.
+//!
+//! A route receives a credential only if its rewrite sets it (its own
+//! `Authorization`, `x-api-key` or `?key=`): the rewrite runs after the
+//! strip, so what it sets is sent. The rule errs towards secret (`author`
+//! is caught by `auth`). The opt-outs are explicit and named:
+//! [`keep_headers`](FallbackLayer::keep_headers) and
+//! [`keep_query_params`](FallbackLayer::keep_query_params) forward the
+//! names given to every route; [`strip_headers`](FallbackLayer::strip_headers)
+//! and [`strip_query_params`](FallbackLayer::strip_query_params) add names
+//! to the strip; [`secret_headers`](FallbackLayer::secret_headers) replaces
+//! the deny-list (give it the one your trace layer uses, if you changed
+//! that one).
+//!
+//! ```
+//! use http::{Request, Response};
+//! use http_body_util::Full;
+//! use bytes::Bytes;
+//! use rebound_core::classify::{ClassifyLayer, HttpClassifier};
+//! use rebound_core::fallback::{FallbackLayer, Route};
+//! use rebound_core::retry::{RetryLayer, RetryPolicy};
+//! use rebound_core::BoxError;
+//! use std::sync::{Arc, Mutex};
+//! use tower::{Service, ServiceBuilder, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), rebound_core::Error> {
+//! let seen = Arc::new(Mutex::new(Vec::new()));
+//! let inner = tower::service_fn({
+//!     let seen = seen.clone();
+//!     move |req: Request<Full<Bytes>>| {
+//!         seen.lock().unwrap().push(req.uri().to_string());
+//!         let mut res = Response::new(Full::new(Bytes::new()));
+//!         if req.uri().host() == Some("eu.api.example") {
+//!             *res.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
+//!         } else {
+//!             assert!(req.headers().get("x-api-key").is_none());
+//!             assert!(req.headers().get("cookie").is_none());
+//!         }
+//!         async move { Ok::<_, BoxError>(res) }
+//!     }
+//! });
+//! let route = Route::base_url("https://us.api.example").rewrite(|parts| {
+//!     // The secondary's own credential, set after the strip.
+//!     parts.headers.insert("authorization", "Bearer us-key".parse().unwrap());
+//! });
+//! let mut svc = ServiceBuilder::new()
+//!     .layer(FallbackLayer::new([route]))
+//!     .layer(RetryLayer::new(RetryPolicy::default().max_attempts(1)))
+//!     .layer(ClassifyLayer::new(HttpClassifier::default()))
+//!     .service(inner);
+//!
+//! let req = Request::get("https://eu.api.example/v1/models?api_key=s3cret&page=2")
+//!     .header("x-api-key", "s3cret")
+//!     .header("cookie", "session=s3cret")
+//!     .body(Full::new(Bytes::new()))
+//!     .unwrap();
+//! svc.ready().await?.call(req).await?;
+//! assert_eq!(
+//!     *seen.lock().unwrap(),
+//!     [
+//!         "https://eu.api.example/v1/models?api_key=s3cret&page=2",
+//!         "https://us.api.example/v1/models?page=2",
+//!     ]
+//! );
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Only the [`Deadline`], [`IdempotencyKey`] and [`PermitLease`]
+//! annotations are carried to an alternate route (not the request's whole
+//! extension map), and the previous route's outcome is dropped before the
+//! next route is called (so what it holds — its connection, a permit in its
+//! body — is not held across that call).
 //!
 //! The response (or error) of an alternate route carries a [`Served`]
 //! annotation with the route's index (1 for the first alternate; no
@@ -107,15 +192,19 @@
 //! of its head (method, URI, version, headers: the header map's clone
 //! allocates) and [`ReplayableBody::try_replay`] of its body (a reference
 //! count for bytes in memory) — the same price as the retry loop's
-//! template. Nothing else: no lock, no box until a fallback is taken.
+//! template, and one reference count for the layer's configuration.
+//! Nothing else: no lock, no box until a fallback is taken; the strip
+//! (a pass over the headers, and the query when there is one) runs only
+//! for a route that is tried.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
-use http::header::{HeaderName, AUTHORIZATION};
+use http::header::HeaderName;
 use http::uri::{Parts as UriParts, PathAndQuery};
 use http::{HeaderMap, Method, Request, Response, Uri, Version};
 use pin_project_lite::pin_project;
@@ -126,6 +215,7 @@ use tower_service::Service;
 use crate::annotations::{Closing, Deadline, IdempotencyKey, PermitLease, RetryStop, Verdict};
 use crate::body::ReplayableBody;
 use crate::error::{BoxError, Error, ErrorKind, TimeoutStage};
+use crate::redact::{self, HeaderDenyList};
 use crate::retry::RetryBudget;
 
 // ===== vocabulary =====
@@ -190,8 +280,9 @@ impl Route {
     }
 
     /// The same route, whose request is then changed by `rewrite` (after
-    /// the URL is set and the stripped headers are removed): e.g. another
-    /// model id in a header, or the route's own `Authorization`.
+    /// the URL is set and the secret headers and query parameters are
+    /// removed, so what it sets is kept): e.g. another model id in a
+    /// header, or the route's own `Authorization`, `x-api-key` or `?key=`.
     pub fn rewrite<F>(mut self, rewrite: F) -> Self
     where
         F: Fn(&mut http::request::Parts) + Send + Sync + 'static,
@@ -200,22 +291,27 @@ impl Route {
         self
     }
 
-    fn apply(&self, parts: &mut http::request::Parts, strip: &[HeaderName]) -> Result<(), Error> {
+    fn apply(&self, parts: &mut http::request::Parts, strip: &Strip) -> Result<(), Error> {
         let (scheme, authority, prefix) = self.base.as_ref().expect("checked at construction");
         let pq = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        let pq = strip.path_and_query(pq);
         let mut uri = UriParts::default();
         uri.scheme = Some(scheme.clone());
         uri.authority = Some(authority.clone());
         uri.path_and_query = Some(if prefix.is_empty() {
-            PathAndQuery::try_from(pq).map_err(|_| Error::new(ErrorKind::InvalidRequest))?
+            match pq {
+                // `?key=..` alone lost its query.
+                Cow::Borrowed("") => PathAndQuery::try_from("/"),
+                Cow::Borrowed(pq) => PathAndQuery::try_from(pq),
+                Cow::Owned(pq) => PathAndQuery::try_from(pq),
+            }
+            .map_err(|_| Error::new(ErrorKind::InvalidRequest))?
         } else {
             PathAndQuery::try_from(format!("{prefix}{pq}"))
                 .map_err(|_| Error::new(ErrorKind::InvalidRequest))?
         });
         parts.uri = Uri::from_parts(uri).map_err(|_| Error::new(ErrorKind::InvalidRequest))?;
-        for name in strip {
-            parts.headers.remove(name);
-        }
+        strip.headers(&mut parts.headers);
         // The Host header, if the caller set one, named the primary.
         parts.headers.remove(http::header::HOST);
         if let Some(rewrite) = &self.rewrite {
@@ -225,16 +321,83 @@ impl Route {
     }
 }
 
+// ===== what a route never receives =====
+
+/// What is taken out of a request before it goes to an alternate route: a
+/// plain value (no tower in it), decided per header name and per query
+/// parameter name. The default strips what the redaction deny-list
+/// ([`HeaderDenyList::default`]) denies and the query parameters whose
+/// names look secret.
+#[derive(Clone, Debug, Default)]
+struct Strip {
+    /// The secret headers: [`HeaderDenyList::default`] unless replaced.
+    secret: HeaderDenyList,
+    /// Secret headers forwarded all the same.
+    keep: Vec<HeaderName>,
+    /// Headers removed besides the secret ones.
+    more: Vec<HeaderName>,
+    /// Query parameters (decoded names) forwarded though they look secret.
+    keep_query: Vec<String>,
+    /// Query parameters (decoded names) removed besides those that look
+    /// secret.
+    more_query: Vec<String>,
+}
+
+impl Strip {
+    /// Whether header `name` is removed.
+    fn header(&self, name: &HeaderName) -> bool {
+        self.more.contains(name) || (self.secret.contains(name) && !self.keep.contains(name))
+    }
+
+    /// Whether the query parameter `name` (decoded) is removed.
+    fn query_param(&self, name: &str) -> bool {
+        self.more_query.iter().any(|n| n == name)
+            || (redact::query_name_looks_secret(name) && !self.keep_query.iter().any(|n| n == name))
+    }
+
+    /// Remove the stripped headers, every value of each.
+    fn headers(&self, headers: &mut HeaderMap) {
+        let doomed: Vec<HeaderName> = headers.keys().filter(|n| self.header(n)).cloned().collect();
+        for name in doomed {
+            headers.remove(name);
+        }
+    }
+
+    /// `pq` (a path and query) without the stripped query parameters; no
+    /// `?` left when none is kept.
+    fn path_and_query<'a>(&self, pq: &'a str) -> Cow<'a, str> {
+        let Some((path, query)) = pq.split_once('?') else {
+            return Cow::Borrowed(pq);
+        };
+        match redact::remove_query_params(query, |name| self.query_param(name)) {
+            Cow::Borrowed(_) => Cow::Borrowed(pq),
+            Cow::Owned(q) if q.is_empty() => Cow::Borrowed(path),
+            Cow::Owned(q) => Cow::Owned(format!("{path}?{q}")),
+        }
+    }
+}
+
 // ===== layer =====
 
 /// Falls back to an explicit list of [`Route`]s when the primary ends in a
 /// retryable failure.
 ///
 /// See the [module docs](self) for an example and the rules.
+///
+/// # Clone
+///
+/// Cloning the layer shares its configuration (one `Arc`).
 #[derive(Clone, Debug)]
 pub struct FallbackLayer {
-    routes: Arc<[Route]>,
-    strip: Arc<[HeaderName]>,
+    cfg: Arc<Config>,
+}
+
+/// A [`FallbackLayer`]'s configuration, shared by its services and their
+/// futures: one reference count per request.
+#[derive(Clone, Debug)]
+struct Config {
+    routes: Vec<Route>,
+    strip: Strip,
     budget: Option<Arc<RetryBudget>>,
 }
 
@@ -268,17 +431,77 @@ impl FallbackLayer {
             }
         }
         Ok(FallbackLayer {
-            routes: routes.into(),
-            strip: Arc::from([AUTHORIZATION]),
-            budget: None,
+            cfg: Arc::new(Config {
+                routes,
+                strip: Strip::default(),
+                budget: None,
+            }),
         })
     }
 
-    /// The headers removed from the request before each alternate route's
-    /// rewrite. Default is `Authorization` alone; pass every credential
-    /// header you use (`x-api-key`, `cookie`, ...).
+    fn cfg_mut(&mut self) -> &mut Config {
+        Arc::make_mut(&mut self.cfg)
+    }
+
+    /// Remove these headers too before each alternate route's rewrite,
+    /// besides the [secret ones](Self::secret_headers) (added to them, not
+    /// instead of them; a name given here is removed even if
+    /// [`keep_headers`](Self::keep_headers) names it). Default: none.
     pub fn strip_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
-        self.strip = names.into_iter().collect();
+        self.cfg_mut().strip.more.extend(names);
+        self
+    }
+
+    /// The headers that are secret, and so never sent to an alternate
+    /// route (unless [kept](Self::keep_headers)). Default:
+    /// [`HeaderDenyList::default`], the trace layers' default deny-list:
+    /// `Authorization`, `Proxy-Authorization`, `Cookie`, `Set-Cookie`,
+    /// `x-api-key`, `api-key`, `x-auth-token`, `x-amz-security-token`,
+    /// `x-goog-api-key`, and every header whose name contains `token`,
+    /// `secret`, `password`, `session`, `signature`, `api-key` (`api_key`,
+    /// `apikey`) or `auth` ([`redact::name_looks_secret`]). Give the same
+    /// list you give [`TraceBuilder::deny_list`](crate::trace::TraceBuilder::deny_list)
+    /// to keep one list for both; a [`HeaderDenyList`] always holds
+    /// [`redact::ALWAYS_SENSITIVE`].
+    pub fn secret_headers(mut self, list: HeaderDenyList) -> Self {
+        self.cfg_mut().strip.secret = list;
+        self
+    }
+
+    /// Send these secret headers to every alternate route all the same:
+    /// the opt-out, for routes approved to receive the primary's
+    /// credentials (another region of the same service, with the same
+    /// keys). Default: none.
+    pub fn keep_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
+        self.cfg_mut().strip.keep.extend(names);
+        self
+    }
+
+    /// Remove these query parameters too (compared with each parameter's
+    /// decoded name, case-sensitively), besides those whose names look
+    /// secret ([`redact::query_name_looks_secret`]). Default: none.
+    pub fn strip_query_params<I>(mut self, names: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: Into<String>,
+    {
+        let names = names.into_iter().map(Into::into);
+        self.cfg_mut().strip.more_query.extend(names);
+        self
+    }
+
+    /// Send these query parameters to every alternate route though their
+    /// names look secret (compared with each parameter's decoded name,
+    /// case-sensitively): the opt-out, for a route approved to receive
+    /// them, or a harmless name the rule catches (`author`). Default:
+    /// none.
+    pub fn keep_query_params<I>(mut self, names: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: Into<String>,
+    {
+        let names = names.into_iter().map(Into::into);
+        self.cfg_mut().strip.keep_query.extend(names);
         self
     }
 
@@ -286,13 +509,13 @@ impl FallbackLayer {
     /// uses, so that fallbacks and retries share one bound). Default: none
     /// (with the ready-made client: the client's retry budget).
     pub fn budget(mut self, budget: Arc<RetryBudget>) -> Self {
-        self.budget = Some(budget);
+        self.cfg_mut().budget = Some(budget);
         self
     }
 
     /// Whether a budget was given (see [`budget`](Self::budget)).
     pub fn has_budget(&self) -> bool {
-        self.budget.is_some()
+        self.cfg.budget.is_some()
     }
 }
 
@@ -520,7 +743,7 @@ pub mod future {
         // `body` is a template, never sent itself: each route gets a copy
         // made when it is tried, and only one known to be sent whole (the
         // primary may have streamed the body past its replay cap).
-        for (i, route) in layer.routes.iter().enumerate() {
+        for (i, route) in layer.cfg.routes.iter().enumerate() {
             let index = i + 1;
             if !may_fall_back(&outcome) {
                 break;
@@ -542,7 +765,7 @@ pub mod future {
                 tracing::info!(route = index, host = %route.host, why = "body", "fallback refused");
                 break;
             };
-            if let Some(budget) = &layer.budget {
+            if let Some(budget) = &layer.cfg.budget {
                 if !budget.try_withdraw() {
                     tracing::info!(route = index, host = %route.host, why = "budget", "fallback refused");
                     break;
@@ -563,7 +786,7 @@ pub mod future {
                 req.extensions_mut().insert(lease.clone());
             }
             let (mut parts, b) = req.into_parts();
-            if let Err(e) = route.apply(&mut parts, &layer.strip) {
+            if let Err(e) = route.apply(&mut parts, &layer.cfg.strip) {
                 return Err(e.with_request(&head.method, &head.uri));
             }
             let req = Request::from_parts(parts, b);

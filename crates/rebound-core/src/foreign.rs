@@ -14,12 +14,38 @@
 //! | hyper-util legacy `Error::is_connect()` with a timed-out `io::Error` inside (feature `hyper`) | `Timeout(Connect)` | `NotSent` |
 //! | hyper-util legacy `Error::is_connect()` otherwise (feature `hyper`) | `Connect` | `NotSent` |
 //! | `hyper::Error::is_canceled()` (feature `hyper`) | `Transport` | `NotSent` |
+//! | an `h2::Error` with `REFUSED_STREAM` inside a `hyper::Error` (feature `hyper`) | `Transport` | `NotSent` |
+//! | an `h2::Error` for a remote `GOAWAY` with `NO_ERROR` inside a `hyper::Error` (feature `hyper`) | `Transport` | `NotSent` |
 //! | `hyper::Error::is_incomplete_message()` (feature `hyper`) | `Transport` | `MaybeProcessed` |
 //! | `io::Error` `ConnectionRefused` | `Connect` | `NotSent` |
 //! | `tonic::TimeoutExpired` (feature `tonic`): a `tonic::transport::Channel` enforcing the call's `grpc-timeout`, which rebound sets to the time left | `Timeout(Deadline)` | `MaybeProcessed` |
 //!
 //! Anything else stays a `Transport` error, which the classifier judges by
 //! the `io::Error` it may hold (see [`crate::classify`]).
+//!
+//! # What "not sent" can be known from
+//!
+//! `NotSent` is claimed only where the request provably was not processed:
+//!
+//! * **canceled** (`hyper::Error::is_canceled`): hyper never wrote the
+//!   request (its connection closed first). hyper-util re-sends these by
+//!   itself on a reused connection (`retry_canceled_requests`).
+//! * **HTTP/2 `REFUSED_STREAM`**: the server says it did no processing of
+//!   the stream (RFC 9113 §8.7).
+//! * **HTTP/2 `GOAWAY` from the server with `NO_ERROR`**: h2 fails, with
+//!   this error, only the streams above the `GOAWAY`'s last stream id,
+//!   which the server did not and will not process (RFC 9113 §6.8). The
+//!   streams at or below it fail later, if at all, with the connection's
+//!   own error (a reset, an end of stream): those may have been processed.
+//!   A `GOAWAY` with an error code, or one we sent, proves nothing.
+//!
+//! What is **not** known: an HTTP/1.1 connection reset, closed or broken
+//! (`ECONNRESET`, `EPIPE`, "connection closed before message completed")
+//! after hyper started writing the request, reused connection or not and
+//! with no byte of response read, may come from a server that read the
+//! request and acted on it before closing (a crash, a proxy's timeout);
+//! the same for an HTTP/2 connection that failed without a `GOAWAY` below
+//! the stream. Those stay `MaybeProcessed`.
 
 use std::error::Error as StdError;
 use std::io;
@@ -112,6 +138,9 @@ fn hyper_errors(e: &(dyn StdError + 'static)) -> Option<(ErrorKind, Sent, &'stat
                 "request canceled before it was sent",
             ));
         }
+        if let Some(found) = h2_refused(e) {
+            return Some(found);
+        }
         if h.is_incomplete_message() {
             return Some((
                 ErrorKind::Transport,
@@ -121,6 +150,26 @@ fn hyper_errors(e: &(dyn StdError + 'static)) -> Option<(ErrorKind, Sent, &'stat
         }
     }
     None
+}
+
+/// An HTTP/2 error below `e` (a `hyper::Error`) that proves the stream was
+/// not processed: `REFUSED_STREAM`, or the server's graceful `GOAWAY`
+/// (which h2 reports only for streams above its last stream id).
+#[cfg(feature = "hyper")]
+fn h2_refused(e: &(dyn StdError + 'static)) -> Option<(ErrorKind, Sent, &'static str)> {
+    chain(e).find_map(|inner| {
+        let h2 = inner.downcast_ref::<h2::Error>()?;
+        if h2.reason() == Some(h2::Reason::REFUSED_STREAM) {
+            return Some((ErrorKind::Transport, Sent::NotSent, "HTTP/2 stream refused"));
+        }
+        (h2.is_go_away() && h2.is_remote() && h2.reason() == Some(h2::Reason::NO_ERROR)).then_some(
+            (
+                ErrorKind::Transport,
+                Sent::NotSent,
+                "HTTP/2 connection going away",
+            ),
+        )
+    })
 }
 
 #[cfg(test)]

@@ -11,11 +11,12 @@
 //!           Deadline         total budget; stamps Deadline
 //!           ConcurrencyLimit caps logical requests in flight
 //!           IdempotencyKey   POST/PATCH get an Idempotency-Key once
+//!           CircuitBreaker   fails requests to a broken host at once, not
+//!                            sent; counts each request's final outcome
 //!           Retry            the only loop: eligibility, budget, deadline
 //!           Hedge            (opt-in) a copy of a slow first attempt
 //!           Backoff          proposes the delay for each retryable outcome
 //!           RetryAfterGate   holds requests to a host that asked for a pause
-//!           CircuitBreaker   fails calls to a failing host at once, not sent
 //!           AdaptiveLimit    per-attempt limit that shrinks on overload
 //!           RetryAfter       parses Retry-After / pushback into a hint
 //!           Classify         turns each attempt's outcome into a Verdict

@@ -70,8 +70,8 @@
 //! `Client::builder().reconcile(ReconcileLayer::new(check))`. The client
 //! puts it, in both of its stacks (`send` and the JSON helpers), below its
 //! retry loop and its hedge and above its per-attempt layers (attempt
-//! span, backoff, gate, circuit breaker, adaptive limit, classifier), so
-//! those see the attempt as it was; its own retry loop does the retries.
+//! span, backoff, gate, adaptive limit, classifier), so those see the
+//! attempt as it was; its own retry loop does the retries.
 //! For the client, `Check::Finished` carries a `Response<ClientBody>` —
 //! what a rebound client returns for the status endpoint — and the client
 //! fits it to each stack (the JSON helpers read its body inside the check's

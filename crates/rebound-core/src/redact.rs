@@ -608,12 +608,19 @@ const WORD_LETTERS: [u64; SECRET_NAME_WORDS.len()] = {
 /// assert!(!name_looks_secret(&HeaderName::from_static("x-request-id")));
 /// ```
 pub fn name_looks_secret(name: &HeaderName) -> bool {
+    bytes_look_secret(name.as_str().as_bytes())
+}
+
+/// The name rule on lowercase bytes: whether `b` contains one of
+/// [`SECRET_NAME_WORDS`]. One rule for header names and query parameter
+/// names ([`query_name_looks_secret`]).
+#[inline]
+fn bytes_look_secret(b: &[u8]) -> bool {
     // This runs for every header of every request and response, so first a
     // cheap filter: the set of bytes in the name (one pass, a bit per byte
     // value) must hold every letter of some word. `content-type`,
     // `x-ratelimit-remaining`, `cache-control` fail it at once. Only then
     // one pass comparing where a word can start.
-    let b = name.as_str().as_bytes();
     let present = b.iter().fold(0u64, |m, &c| m | letter_bit(c));
     if !WORD_LETTERS.iter().any(|&w| w & !present == 0) {
         return false;
@@ -656,6 +663,10 @@ const COMPARED_NAMES: usize = 4;
 /// whose name contains `token`, `secret`, `password`, `session`,
 /// `signature`, `api-key` (or `api_key`, `apikey`) or `auth`
 /// ([`name_looks_secret`]). Cheap to clone (shared).
+///
+/// The default list is one list for two promises: what the trace layers
+/// never show, and what a [fallback](crate::fallback::FallbackLayer)
+/// never sends to another route. Both take [`HeaderDenyList::default`].
 ///
 /// ```
 /// use http::header::{HeaderMap, HeaderName, HeaderValue, AUTHORIZATION};
@@ -888,6 +899,97 @@ pub fn query_param_names(uri: &Uri) -> impl Iterator<Item = &str> {
         .split('&')
         .map(|pair| pair.split_once('=').map_or(pair, |(name, _)| name))
         .filter(|name| !name.is_empty())
+}
+
+/// Query parameter names that are secrets though the
+/// [name rule](SECRET_NAME_WORDS) does not catch them: `key` (Google APIs'
+/// `?key=`) and `sig` (Azure shared-access signatures). Compared whole,
+/// ignoring ASCII case (see [`query_name_looks_secret`]).
+pub const SECRET_QUERY_NAMES: [&str; 2] = ["key", "sig"];
+
+/// Whether a query parameter name says it carries a secret: ignoring ASCII
+/// case, it is one of [`SECRET_QUERY_NAMES`] (`key`, `sig`) or it contains
+/// one of [`SECRET_NAME_WORDS`] (`token`, `secret`, `password`, `session`,
+/// `signature`, `api-key`, `api_key`, `apikey`, `auth`), the rule header
+/// names follow ([`name_looks_secret`]).
+///
+/// So `api_key`, `apiKey`, `access_token`, `id_token`, `client_secret`,
+/// `password`, `sessionid`, `X-Amz-Signature`, `X-Amz-Security-Token`,
+/// `auth`, `key` and `sig` match; `page`, `q`, `limit`, `keys`, `pwd` and
+/// `signed` do not. The rule errs towards secret: `author` and `oauth_scope`
+/// match too.
+///
+/// `name` is the parameter's name **decoded** (`api_key`, not
+/// `api%5Fkey`); [`remove_query_params`] decodes each name once before it
+/// asks.
+///
+/// ```
+/// use rebound_core::redact::query_name_looks_secret;
+///
+/// for name in ["api_key", "apiKey", "access_token", "X-Amz-Signature", "key", "sig"] {
+///     assert!(query_name_looks_secret(name), "{name}");
+/// }
+/// for name in ["page", "q", "keys", "signed"] {
+///     assert!(!query_name_looks_secret(name), "{name}");
+/// }
+/// ```
+pub fn query_name_looks_secret(name: &str) -> bool {
+    if SECRET_QUERY_NAMES
+        .iter()
+        .any(|n| name.eq_ignore_ascii_case(n))
+    {
+        return true;
+    }
+    if name.bytes().any(|b| b.is_ascii_uppercase()) {
+        bytes_look_secret(name.to_ascii_lowercase().as_bytes())
+    } else {
+        bytes_look_secret(name.as_bytes())
+    }
+}
+
+/// `query` (a URL's query string, without its `?`) without the parameters
+/// `remove` picks.
+///
+/// `remove` is asked once for each parameter (an `&`-separated pair, or a
+/// bare name), with the parameter's name percent-decoded once (`api%5Fkey`
+/// is asked as `api_key`; bytes that are not UTF-8 become U+FFFD; `+` is
+/// left as it is). A pair with an empty name is kept without asking. The
+/// parameters kept are copied as they were — in their order, their names
+/// and values not decoded or re-encoded — joined by `&`; the empty pairs of
+/// `a=1&&b=2` are dropped once something is removed. When nothing is
+/// removed, `query` itself is returned (borrowed, no allocation); when
+/// everything is, an empty string.
+///
+/// ```
+/// use rebound_core::redact::{query_name_looks_secret, remove_query_params};
+///
+/// let q = "api%5Fkey=s3cret&page=2&q=a%20b&token=t";
+/// assert_eq!(remove_query_params(q, query_name_looks_secret), "page=2&q=a%20b");
+/// assert_eq!(remove_query_params("page=2", query_name_looks_secret), "page=2");
+/// ```
+pub fn remove_query_params<'a, F>(query: &'a str, mut remove: F) -> Cow<'a, str>
+where
+    F: FnMut(&str) -> bool,
+{
+    let mut removes = |pair: &str| {
+        let name = pair.split_once('=').map_or(pair, |(name, _)| name);
+        !name.is_empty() && remove(&percent_encoding::percent_decode_str(name).decode_utf8_lossy())
+    };
+    // First look, without allocating: most queries lose nothing.
+    let Some(first) = query.split('&').position(&mut removes) else {
+        return Cow::Borrowed(query);
+    };
+    let mut out = String::with_capacity(query.len());
+    for (i, pair) in query.split('&').enumerate() {
+        if pair.is_empty() || i == first || (i > first && removes(pair)) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push('&');
+        }
+        out.push_str(pair);
+    }
+    Cow::Owned(out)
 }
 
 #[cfg(test)]
@@ -1194,6 +1296,104 @@ mod tests {
         assert_eq!(names, ["a", "b", "c"]);
         let uri: Uri = "http://h/p".parse().unwrap();
         assert_eq!(query_param_names(&uri).count(), 0);
+    }
+
+    #[test]
+    fn one_name_rule_for_header_and_query_names() {
+        // (name, caught as a header name, caught as a query name)
+        let table = [
+            ("authorization", true, true),
+            ("proxy-authorization", true, true),
+            ("auth", true, true),
+            ("x-api-key", true, true),
+            ("api-key", true, true),
+            ("api_key", true, true),
+            ("apikey", true, true),
+            ("x-session-token", true, true),
+            ("sessionid", true, true),
+            ("access_token", true, true),
+            ("id_token", true, true),
+            ("client_secret", true, true),
+            ("password", true, true),
+            ("x-amz-signature", true, true),
+            ("x-amz-security-token", true, true),
+            // The rule errs towards secret.
+            ("author", true, true),
+            // Whole query names the word rule does not catch.
+            ("key", false, true),
+            ("sig", false, true),
+            // Harmless.
+            ("keys", false, false),
+            ("signed", false, false),
+            ("pwd", false, false),
+            ("page", false, false),
+            ("q", false, false),
+            ("accept", false, false),
+            ("x-request-id", false, false),
+            ("idempotency-key", false, false),
+            // On the deny-list by name, not by the rule.
+            ("cookie", false, false),
+        ];
+        for (name, header, query) in table {
+            let h = HeaderName::from_static(name);
+            assert_eq!(name_looks_secret(&h), header, "header {name}");
+            assert_eq!(query_name_looks_secret(name), query, "query {name}");
+            let upper = name.to_ascii_uppercase();
+            assert_eq!(query_name_looks_secret(&upper), query, "query {upper}");
+            // The default deny-list: its names, and the rule.
+            if header {
+                assert!(HeaderDenyList::default().contains(&h), "{name}");
+            }
+        }
+        // Every word of the header rule is a secret query name.
+        for word in SECRET_NAME_WORDS {
+            assert!(query_name_looks_secret(word), "{word}");
+            assert!(query_name_looks_secret(&format!("my_{word}_2")), "{word}");
+        }
+    }
+
+    #[test]
+    fn remove_query_params_keeps_the_rest_as_it_was() {
+        let strip = |q: &str| remove_query_params(q, query_name_looks_secret).into_owned();
+        for (query, left) in [
+            ("", ""),
+            ("api_key=x", ""),
+            ("api_key=x&token=y", ""),
+            ("api_key=x&page=2", "page=2"),
+            ("page=2&api_key=x", "page=2"),
+            ("a=1&api_key=x&b=2", "a=1&b=2"),
+            // Repeated, bare, empty values.
+            ("a=1&token=t&b=%2F&token=u&c", "a=1&b=%2F&c"),
+            ("token&page", "page"),
+            ("token=&page=", "page="),
+            // Names matched decoded, kept encoded; values never decoded.
+            ("api%5Fkey=x&page=2", "page=2"),
+            ("API%5fKEY=x&q=a+b%20c", "q=a+b%20c"),
+            ("%74oken=x&n%61me=v%3D1", "n%61me=v%3D1"),
+            ("q=api_key%3Dx", "q=api_key%3Dx"),
+            // Not a valid escape, not UTF-8: matched as decoded, kept.
+            ("%ZZ=1&key=2", "%ZZ=1"),
+            ("%FF%FE=1&sig=2", "%FF%FE=1"),
+            // An empty name is kept; empty pairs go once something does.
+            ("=x&token=t", "=x"),
+            ("a=1&&token=t&&b=2", "a=1&b=2"),
+        ] {
+            assert_eq!(strip(query), left, "{query}");
+        }
+        // Nothing removed: the query itself, empty pairs and all.
+        for query in ["page=2", "a=1&&b=2", "&", "=x", "q=%20"] {
+            assert!(
+                matches!(remove_query_params(query, query_name_looks_secret), Cow::Borrowed(q) if q == query),
+                "{query}"
+            );
+        }
+        // `remove` sees decoded names, each once.
+        let mut asked = Vec::new();
+        let _ = remove_query_params("a%20b=1&&=2&c&a%20b=3", |n| {
+            asked.push(n.to_owned());
+            false
+        });
+        assert_eq!(asked, ["a b", "c", "a b"]);
     }
 
     #[test]

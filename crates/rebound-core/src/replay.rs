@@ -74,8 +74,9 @@
 //!
 //! Once more than [`max_bytes`](ReplayBody::with_max_bytes) bytes have been
 //! read (default [64 KiB](ReplayBody::DEFAULT_MAX_BYTES)), the body is
-//! **capped**: the recording is dropped, the copy that is reading still
-//! streams the rest of the body through (the attempt in flight completes),
+//! **capped**: the recording is dropped (once no copy can still play it
+//! back: see "Waiting for the rest of the body"), the copy that is reading
+//! still streams the rest of the body through (the attempt in flight completes),
 //! and [`try_replay`](ReplayableBody::try_replay) returns `None` from then
 //! on, so the request is not retried. A body that says up front (its
 //! `size_hint` lower bound) that it is larger than the cap is capped from the
@@ -94,13 +95,34 @@
 //! a server that answers early (a `503` after the first 4 KiB) while an
 //! attempt still streams a body of unknown length leaves that attempt's
 //! copy reading, and a retry copy made then would fail mid-stream, with a
-//! truncated request on the wire, if the body later passed the cap. The
-//! retry layer then asks again once its backoff delay is over (the body may
-//! have ended by then, or the attempt that read it may be gone), and if the
-//! answer is still `None` it stops and returns the real outcome (the
-//! `503`), with [`RetryStop::NotReplayable`](crate::RetryStop::NotReplayable).
-//! This is linkerd's rule too, with a grace of one backoff delay: a request
-//! whose response arrived before its body was fully read is not retried.
+//! truncated request on the wire, if the body later passed the cap.
+//!
+//! # Waiting for the rest of the body
+//!
+//! When the answer comes while the body is still streaming, the retry loop
+//! keeps that answer (undrained) and, while it waits, reads the rest of
+//! the body into the recording itself with
+//! [`poll_buffer`](ReplayBody::poll_buffer) on the body it kept: once the
+//! answer is in, the transport may stop polling the attempt's copy (HTTP/2
+//! flow control, a connection the server stopped reading), so no one else
+//! is sure to. The copy still sending plays back what the buffering read,
+//! as from any other copy, so that attempt's request stays whole too.
+//!
+//! * The body **ends within the cap**: the retry goes ahead, once its
+//!   backoff delay is over, with a copy played back from the recording.
+//! * The body **passes the cap**: the buffering stops at the chunk that
+//!   passed it (kept for the copy still sending, which then reads the rest
+//!   itself), and the loop returns the answer at once, with
+//!   [`RetryStop::NotReplayable`](crate::RetryStop::NotReplayable).
+//! * The body **is still coming** when the delay is over: the loop waits on
+//!   as long as the body keeps moving (a chunk at least every second), and
+//!   never past the request's deadline; then it returns the answer, with
+//!   `RetryStop::NotReplayable`. A body that waits for the response before
+//!   it goes on (a bidirectional stream) therefore costs the caller at most
+//!   one second more than the delay.
+//!
+//! Memory stays bounded by the cap (plus the one chunk that passed it), as
+//! for any copy.
 //!
 //! # Errors
 //!
@@ -246,6 +268,84 @@ impl<B> ReplayBody<B> {
     }
 }
 
+impl<B> ReplayBody<B>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    /// Read the real body into the recording, without yielding it, up to
+    /// the cap: what the retry loop does while it waits for a body that an
+    /// attempt was still sending when its answer came (see "Waiting for the
+    /// rest of the body" in the [module docs](self)).
+    ///
+    /// * `Ready(Some(n))`: a chunk of `n` bytes was recorded; poll again.
+    /// * `Ready(None)`: nothing more to read into the recording: the real
+    ///   body ended (a copy made now is whole), or it passed the cap or
+    ///   failed (no copy can be made; the chunks read are still played
+    ///   back to a copy that was behind them, so the attempt sending the
+    ///   body is not cut short).
+    /// * `Pending`: waiting for the real body; `cx` is woken when it has
+    ///   more (or when another copy read it).
+    ///
+    /// Every other copy plays back what this reads, as it would from any
+    /// copy. This copy itself yields nothing of it: polled afterwards, it
+    /// still starts from its own position.
+    pub fn poll_buffer(&mut self, cx: &mut Context<'_>) -> Poll<Option<usize>> {
+        let mut guard = lock(&self.shared);
+        let shared = &mut *guard;
+        if shared.capped {
+            return Poll::Ready(None);
+        }
+        let body = match &mut shared.source {
+            Source::Open(body) => body,
+            Source::Ended | Source::Failed => return Poll::Ready(None),
+        };
+        loop {
+            let frame = match body.as_mut().poll_frame(cx) {
+                Poll::Pending => {
+                    shared.wait(cx.waker());
+                    self.registered = true;
+                    return Poll::Pending;
+                }
+                Poll::Ready(frame) => frame,
+            };
+            let out = match frame {
+                None => {
+                    shared.source = Source::Ended;
+                    None
+                }
+                Some(Err(_)) => {
+                    // The copy that sends the body learns of it as a
+                    // `NotReplayable` error (what was lost is lost).
+                    shared.source = Source::Failed;
+                    shared.chunks = Vec::new();
+                    None
+                }
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(mut data) => {
+                        let chunk = data.copy_to_bytes(data.remaining());
+                        if body.is_end_stream() {
+                            shared.source = Source::Ended;
+                        }
+                        shared.record(&chunk, true);
+                        (!shared.capped).then_some(chunk.len())
+                    }
+                    Err(frame) => match frame.into_trailers() {
+                        Ok(trailers) => {
+                            shared.trailers = Some(trailers);
+                            shared.source = Source::Ended;
+                            None
+                        }
+                        Err(_) => continue,
+                    },
+                },
+            };
+            shared.wake_others(cx.waker());
+            return Poll::Ready(out);
+        }
+    }
+}
+
 fn lock<B>(shared: &Mutex<Shared<B>>) -> MutexGuard<'_, Shared<B>> {
     // A panic of the real body's `poll_frame` leaves our own state
     // consistent (it is updated only after the poll returns).
@@ -253,10 +353,19 @@ fn lock<B>(shared: &Mutex<Shared<B>>) -> MutexGuard<'_, Shared<B>> {
 }
 
 impl<B> Shared<B> {
-    fn record(&mut self, chunk: &Bytes) {
+    /// Count (and, within the cap, record) a chunk just read from the real
+    /// body. `for_others`: the reader does not yield it itself (it is
+    /// [buffering](ReplayBody::poll_buffer)), so the chunk that passes the
+    /// cap is still recorded, with the rest of the recording, for the copy
+    /// that will send it; a reader that yields its chunk drops the
+    /// recording at once.
+    fn record(&mut self, chunk: &Bytes, for_others: bool) {
         self.read_chunks += 1;
         self.read_bytes += chunk.len() as u64;
         if self.capped {
+            // Past the cap every other copy is behind a chunk that was not
+            // recorded: what is left of the recording serves no one.
+            self.chunks = Vec::new();
             return;
         }
         if self.read_bytes > self.max_bytes as u64 {
@@ -265,10 +374,20 @@ impl<B> Shared<B> {
                 "request body passed the replay cap; it will not be replayed"
             );
             self.capped = true;
-            self.chunks = Vec::new();
+            if for_others {
+                self.chunks.push(chunk.clone());
+            } else {
+                self.chunks = Vec::new();
+            }
         } else {
             self.chunks.push(chunk.clone());
         }
+    }
+
+    /// Whether a copy at `pos` can still play back everything up to what
+    /// has been read: the recording is complete that far.
+    fn can_play_back(&self) -> bool {
+        self.chunks.len() == self.read_chunks && !matches!(self.source, Source::Failed)
     }
 
     fn wait(&mut self, waker: &Waker) {
@@ -331,8 +450,10 @@ where
         if this.pos < shared.read_chunks {
             // The recording is complete up to `read_chunks` unless the body
             // was capped or failed, which also dropped the recording.
+            // (A body capped by buffering keeps its recording, the chunk
+            // that passed the cap included, for the copy that sends it.)
             let chunk = match shared.chunks.get(this.pos) {
-                Some(chunk) if !shared.capped => chunk.clone(),
+                Some(chunk) => chunk.clone(),
                 _ => {
                     this.done = true;
                     let err = if shared.capped {
@@ -385,7 +506,7 @@ where
                     Ok(mut data) => {
                         let chunk = data.copy_to_bytes(data.remaining());
                         let ended = body.is_end_stream();
-                        shared.record(&chunk);
+                        shared.record(&chunk, false);
                         this.pos = shared.read_chunks;
                         this.sent = shared.read_bytes;
                         if ended {
@@ -441,7 +562,7 @@ where
         let shared = lock(&self.shared);
         // Bytes recorded but not yet yielded by this copy.
         let behind = if self.pos < shared.read_chunks {
-            if shared.capped || matches!(shared.source, Source::Failed) {
+            if !shared.can_play_back() {
                 // This copy will fail: nothing more is known.
                 return SizeHint::default();
             }
@@ -517,6 +638,11 @@ where
             return None;
         }
         Some(self.copy())
+    }
+
+    /// See [`ReplayBody::poll_buffer`].
+    fn poll_buffer(&mut self, cx: &mut Context<'_>) -> Poll<Option<usize>> {
+        ReplayBody::poll_buffer(self, cx)
     }
 }
 

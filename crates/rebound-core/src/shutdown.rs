@@ -70,7 +70,9 @@
 //! The layer itself sees a request until its response **head** is
 //! returned. A transport that streams bodies makes them count too: it
 //! takes an [`OpenBody`] guard ([`ShutdownHandle::open_body`]) for each
-//! response and drops it when the body ends, so the grace period waits for
+//! response when its head arrives (only if there is a body to read: not
+//! for a request still waiting for its head, which the layer counts) and
+//! drops it when the body ends, so the grace period waits for
 //! bodies still being read as for requests, and closes its connections on
 //! [`ShutdownHandle::cut_token`], which is cancelled when the shutdown ends
 //! (grace over, or nothing left open). rebound's ready-made client does
@@ -142,7 +144,9 @@ pub struct ShutdownReport {
     /// Response bodies still being read (or drained) when the shutdown
     /// ended, cut with it — counted only for bodies tracked with
     /// [`ShutdownHandle::open_body`] (the ready-made client tracks every
-    /// body it returns).
+    /// body it returns, from its response head on). A request cut while
+    /// still waiting for its head is counted in
+    /// [`cancelled`](Self::cancelled), not here.
     pub bodies_cut: usize,
 }
 
@@ -283,8 +287,10 @@ impl ShutdownHandle {
     /// [`cut_token`](Self::cut_token); the report counts it in
     /// [`ShutdownReport::bodies_cut`]).
     ///
-    /// A transport calls this when it returns a response whose body it
-    /// streams, and drops the guard when the body ends or is dropped. Cost:
+    /// A transport calls this when the head of a response whose body it
+    /// streams arrives (not when it sends the request: a request waiting
+    /// for its head is already counted, as a request), and drops the guard
+    /// when the body ends or is dropped. Cost:
     /// a reference count and two atomic adds on the handle's state.
     pub fn open_body(&self) -> OpenBody {
         self.shared.bodies.fetch_add(1, Ordering::SeqCst);

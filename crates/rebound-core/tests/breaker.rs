@@ -1,8 +1,11 @@
 //! `CircuitBreakerLayer` on the paused clock: what opens a circuit and what
-//! does not, the sliding window, the break, half-open probes (a dropped one
-//! frees its slot), per-host isolation, the bounded table, the error it
-//! fails with and the retry loop's answer to it; concurrent calls when
-//! half-open (exactly the probes go through) and parallel calls on two
+//! does not (throttling never counts; the consecutive trigger and its
+//! reset; the ratio at the defaults; open-circuit and other fatal
+//! refusals not counted), the sliding window (fresh when the circuit
+//! closes), the break, half-open probes (a dropped one frees its slot),
+//! per-host isolation, the bounded table, the error it fails with and the
+//! retry loop's answer to it, above and below the loop; concurrent calls
+//! when half-open (exactly the probes go through) and parallel calls on two
 //! threads over a small table (every call counted once).
 #![cfg(feature = "breaker")]
 
@@ -35,6 +38,8 @@ type Hold = (String, oneshot::Receiver<()>);
 #[derive(Clone, Default)]
 struct Upstream {
     status: Arc<Mutex<HashMap<String, u16>>>,
+    /// A `Retry-After` header each host's answers carry, when set.
+    retry_after: Arc<Mutex<HashMap<String, &'static str>>>,
     calls: Arc<Mutex<HashMap<String, u64>>>,
     /// When set, calls to this host wait for the sender to be dropped.
     hold: Arc<Mutex<Option<Hold>>>,
@@ -43,6 +48,13 @@ struct Upstream {
 impl Upstream {
     fn set(&self, host: &str, status: u16) {
         self.status.lock().unwrap().insert(host.to_owned(), status);
+    }
+
+    fn set_retry_after(&self, host: &str, value: &'static str) {
+        self.retry_after
+            .lock()
+            .unwrap()
+            .insert(host.to_owned(), value);
     }
 
     fn calls(&self, host: &str) -> u64 {
@@ -74,6 +86,10 @@ impl Upstream {
                     let status = up.status.lock().unwrap().get(&host).copied().unwrap_or(200);
                     let mut res = Response::new(Full::new(Bytes::new()));
                     *res.status_mut() = StatusCode::from_u16(status).unwrap();
+                    if let Some(v) = up.retry_after.lock().unwrap().get(&host) {
+                        res.headers_mut()
+                            .insert("retry-after", http::HeaderValue::from_static(v));
+                    }
                     Ok::<_, Infallible>(res)
                 }
             }))
@@ -103,7 +119,7 @@ fn call(
 }
 
 /// Small numbers so a test reads: ratio 50 %, 10 calls, 10 s window, 5 s
-/// break.
+/// break (and the default consecutive trigger, 10 in a row).
 fn config() -> CircuitBreakerConfig {
     CircuitBreakerConfig::default()
         .failure_ratio(0.5)
@@ -181,11 +197,10 @@ async fn open_error_is_not_sent_fatal_and_names_the_host_without_secrets() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn fatal_4xx_never_open_it_and_429s_do() {
+async fn fatal_4xx_never_open_it() {
     let up = Upstream::default();
     up.set("notfound.example", 404);
     up.set("bad.example", 400);
-    up.set("busy.example", 429);
     let breaker = CircuitBreakerLayer::new(config());
     let svc = stack(&breaker, &up);
     for _ in 0..100 {
@@ -198,15 +213,293 @@ async fn fatal_4xx_never_open_it_and_429s_do() {
     );
     assert_eq!(breaker.state(&uri("bad.example")), CircuitState::Closed);
     assert_eq!(up.calls("notfound.example"), 100);
+}
 
-    for _ in 0..10 {
-        call(&svc, "busy.example").await.unwrap();
+/// Throttling is not breakage: a 429 (whatever its verdict), a 5xx with a
+/// `Retry-After` header, an outcome carrying a `RetryAfterHint` (response
+/// or error) and the gate's own `Throttled` refusal are never counted —
+/// neither as failures nor as successes (a run of failures goes on across
+/// them).
+#[tokio::test(start_paused = true)]
+async fn throttling_never_counts() {
+    let up = Upstream::default();
+    up.set("busy.example", 429);
+    up.set("paused.example", 503);
+    up.set_retry_after("paused.example", "1");
+    let breaker = CircuitBreakerLayer::new(config());
+    let svc = stack(&breaker, &up);
+    for _ in 0..200 {
+        assert_eq!(call(&svc, "busy.example").await.unwrap().status(), 429);
+        assert_eq!(call(&svc, "paused.example").await.unwrap().status(), 503);
     }
-    assert_eq!(breaker.state(&uri("busy.example")), CircuitState::Open);
-    assert!(call(&svc, "busy.example")
-        .await
-        .unwrap_err()
-        .is_circuit_open());
+    assert_eq!(breaker.state(&uri("busy.example")), CircuitState::Closed);
+    assert_eq!(breaker.state(&uri("paused.example")), CircuitState::Closed);
+    assert_eq!(up.calls("busy.example"), 200, "every call was sent");
+    assert_eq!(up.calls("paused.example"), 200);
+
+    // A hint the layers below left (a Retry-After parsed, gRPC pushback),
+    // on a retryable response or error, and the gate's refusal.
+    #[derive(Clone, Copy)]
+    enum Answer {
+        HintedResponse,
+        HintedError,
+        Throttled,
+        Failure,
+    }
+    let answer = Arc::new(Mutex::new(Answer::HintedResponse));
+    let inner = {
+        let answer = answer.clone();
+        service_fn(move |_req: Request<Empty<Bytes>>| {
+            let answer = *answer.lock().unwrap();
+            async move {
+                let retryable = Verdict::Retryable {
+                    reason: Reason::new_static("status 502"),
+                    sent: Sent::MaybeProcessed,
+                };
+                match answer {
+                    Answer::HintedResponse | Answer::Failure => {
+                        let mut res = Response::new(Full::new(Bytes::new()));
+                        *res.status_mut() = StatusCode::BAD_GATEWAY;
+                        res.extensions_mut().insert(retryable);
+                        if matches!(answer, Answer::HintedResponse) {
+                            res.extensions_mut()
+                                .insert(RetryAfterHint(Duration::from_secs(2)));
+                        }
+                        Ok(res)
+                    }
+                    Answer::HintedError => {
+                        let mut err = Error::new(ErrorKind::Transport);
+                        err.extensions_mut().insert(retryable);
+                        err.extensions_mut()
+                            .insert(RetryAfterHint(Duration::from_secs(2)));
+                        Err(err)
+                    }
+                    // No verdict at all: counted a failure if the kind did
+                    // not say "throttled".
+                    Answer::Throttled => Err(Error::new(ErrorKind::Throttled)),
+                }
+            }
+        })
+    };
+    let breaker = CircuitBreakerLayer::new(config());
+    let svc: Svc = ServiceBuilder::new()
+        .layer(breaker.clone())
+        .service(inner)
+        .boxed_clone();
+    let at = uri("hinted.example");
+    // Nine failures: one short of the run that opens it.
+    *answer.lock().unwrap() = Answer::Failure;
+    for _ in 0..9 {
+        let _ = call(&svc, "hinted.example").await;
+    }
+    for a in [
+        Answer::HintedResponse,
+        Answer::HintedError,
+        Answer::Throttled,
+    ] {
+        *answer.lock().unwrap() = a;
+        for _ in 0..100 {
+            let _ = call(&svc, "hinted.example").await;
+        }
+        assert_eq!(breaker.state(&at), CircuitState::Closed);
+    }
+    // The run went on across them: one more failure opens it.
+    *answer.lock().unwrap() = Answer::Failure;
+    let _ = call(&svc, "hinted.example").await;
+    assert_eq!(breaker.state(&at), CircuitState::Open);
+}
+
+/// A half-open probe answered with a 429 is not counted: its slot goes to
+/// the next call, whose success closes the circuit.
+#[tokio::test(start_paused = true)]
+async fn a_throttled_probe_frees_its_slot() {
+    let up = Upstream::default();
+    let breaker = CircuitBreakerLayer::new(config());
+    let svc = stack(&breaker, &up);
+    open(&svc, &up, "x.example").await;
+    tokio::time::advance(secs(5)).await;
+    up.set("x.example", 429);
+    assert_eq!(call(&svc, "x.example").await.unwrap().status(), 429);
+    assert_eq!(breaker.state(&uri("x.example")), CircuitState::HalfOpen);
+    up.set("x.example", 200);
+    assert_eq!(call(&svc, "x.example").await.unwrap().status(), 200);
+    assert_eq!(breaker.state(&uri("x.example")), CircuitState::Closed);
+}
+
+/// The consecutive trigger: `consecutive_failures` failures in a row open
+/// the circuit whatever the window holds; one success ends the run; `0`
+/// turns the trigger off.
+#[tokio::test(start_paused = true)]
+async fn consecutive_failures_open_it_and_a_success_ends_the_run() {
+    let up = Upstream::default();
+    // The defaults: 10 in a row (the ratio needs 100 calls).
+    let breaker = CircuitBreakerLayer::default();
+    let svc = stack(&breaker, &up);
+    let at = uri("x.example");
+    // A window full of successes: the ratio is far from 50 %.
+    for _ in 0..1000 {
+        call(&svc, "x.example").await.unwrap();
+    }
+    for _ in 0..5 {
+        up.set("x.example", 503);
+        for _ in 0..9 {
+            call(&svc, "x.example").await.unwrap();
+        }
+        up.set("x.example", 200);
+        call(&svc, "x.example").await.unwrap();
+    }
+    assert_eq!(breaker.state(&at), CircuitState::Closed, "runs of 9");
+    up.set("x.example", 503);
+    for n in 1..=10 {
+        assert_eq!(breaker.state(&at), CircuitState::Closed, "failure {n}");
+        call(&svc, "x.example").await.unwrap();
+    }
+    assert_eq!(breaker.state(&at), CircuitState::Open, "10 in a row");
+    assert_eq!(up.calls("x.example"), 1000 + 50 + 10);
+
+    // Off: only the ratio, which 50 failures below the minimum cannot reach.
+    let breaker = CircuitBreakerLayer::new(CircuitBreakerConfig::default().consecutive_failures(0));
+    let svc = stack(&breaker, &up);
+    for _ in 0..50 {
+        call(&svc, "x.example").await.unwrap();
+    }
+    assert_eq!(breaker.state(&at), CircuitState::Closed);
+}
+
+/// The ratio at its defaults: 50 % of at least 100 calls in 30 s. A host
+/// failing one call in ten — or one in three — never trips it; one failing
+/// every other call does, at the 100th.
+#[tokio::test(start_paused = true)]
+async fn the_ratio_opens_it_at_50_percent_of_100_calls() {
+    let up = Upstream::default();
+    let breaker = CircuitBreakerLayer::default();
+    let svc = stack(&breaker, &up);
+    for (host, every) in [("tenth.example", 10), ("third.example", 3)] {
+        for n in 0..3000u64 {
+            up.set(host, if n % every == 0 { 503 } else { 200 });
+            call(&svc, host).await.unwrap();
+            if n % 100 == 0 {
+                tokio::time::advance(Duration::from_millis(100)).await;
+            }
+        }
+        assert_eq!(breaker.state(&uri(host)), CircuitState::Closed, "{host}");
+    }
+    for n in 1..=100u64 {
+        assert_eq!(
+            breaker.state(&uri("half.example")),
+            CircuitState::Closed,
+            "call {n}"
+        );
+        up.set("half.example", if n % 2 == 0 { 503 } else { 200 });
+        call(&svc, "half.example").await.unwrap();
+    }
+    assert_eq!(breaker.state(&uri("half.example")), CircuitState::Open);
+}
+
+/// When the probes close the circuit it starts afresh: the failures that
+/// opened it are gone from the window, and the run of failures is over.
+#[tokio::test(start_paused = true)]
+async fn the_window_and_the_run_start_fresh_when_the_circuit_closes() {
+    let up = Upstream::default();
+    let breaker = CircuitBreakerLayer::new(config());
+    let svc = stack(&breaker, &up);
+    let at = uri("x.example");
+    open(&svc, &up, "x.example").await;
+    tokio::time::advance(secs(5)).await;
+    up.set("x.example", 200);
+    call(&svc, "x.example").await.unwrap();
+    assert_eq!(breaker.state(&at), CircuitState::Closed);
+    // Nine failures: with the ten that opened it still in the window (or
+    // the run still counting) this would open it again at once.
+    up.set("x.example", 503);
+    for n in 1..=9 {
+        call(&svc, "x.example").await.unwrap();
+        assert_eq!(breaker.state(&at), CircuitState::Closed, "failure {n}");
+    }
+    call(&svc, "x.example").await.unwrap();
+    assert_eq!(breaker.state(&at), CircuitState::Open);
+}
+
+/// A call the circuit refused is not counted, here or by a breaker above
+/// (the open error is fatal): an outer breaker over an open inner one stays
+/// closed, and the inner one closes on its first probe.
+#[tokio::test(start_paused = true)]
+async fn open_circuit_refusals_are_never_counted() {
+    let up = Upstream::default();
+    let inner = CircuitBreakerLayer::new(config());
+    let outer = CircuitBreakerLayer::new(config().consecutive_failures(1).minimum_throughput(1));
+    let svc: Svc = ServiceBuilder::new()
+        .layer(outer.clone())
+        .layer(inner.clone())
+        .service(up.service())
+        .boxed_clone();
+    let at = uri("x.example");
+    // The outer one opens on any failure that counts: keep it out of the
+    // inner one's opening by stacking the inner one alone first.
+    open(&stack(&inner, &up), &up, "x.example").await;
+    assert_eq!(inner.state(&at), CircuitState::Open);
+    for _ in 0..200 {
+        assert!(call(&svc, "x.example").await.unwrap_err().is_circuit_open());
+    }
+    assert_eq!(outer.state(&at), CircuitState::Closed);
+    assert_eq!(up.calls("x.example"), 10, "nothing was sent");
+    tokio::time::advance(secs(5)).await;
+    up.set("x.example", 200);
+    call(&svc, "x.example").await.unwrap();
+    assert_eq!(inner.state(&at), CircuitState::Closed);
+    assert_eq!(outer.state(&at), CircuitState::Closed);
+}
+
+/// Above a retry loop the breaker counts each request's final outcome: a
+/// host whose every other attempt fails, which 3 attempts always absorb,
+/// never opens it; below the loop (counting attempts) the same host does.
+#[tokio::test(start_paused = true)]
+async fn above_a_retry_loop_absorbed_errors_are_not_counted() {
+    use rebound_core::retry::{RetryBudget, RetryLayer, RetryPolicy};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let upstream = || {
+        let n = Arc::new(AtomicU64::new(0));
+        ServiceBuilder::new()
+            .layer(ClassifyLayer::new(HttpClassifier::default()))
+            .service(service_fn(move |_req: Request<Empty<Bytes>>| {
+                let fail = n.fetch_add(1, Ordering::Relaxed) % 2 == 0;
+                async move {
+                    let mut res = Response::new(Full::new(Bytes::new()));
+                    if fail {
+                        *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+                    }
+                    Ok::<_, Infallible>(res)
+                }
+            }))
+    };
+    let retry = || {
+        RetryLayer::new(RetryPolicy::default().budget(Arc::new(RetryBudget::new(1.0, secs(10), 0))))
+    };
+    let above = CircuitBreakerLayer::default();
+    let svc: Svc = ServiceBuilder::new()
+        .layer(above.clone())
+        .layer(retry())
+        .service(upstream())
+        .boxed_clone();
+    for _ in 0..1000 {
+        assert_eq!(call(&svc, "x.example").await.unwrap().status(), 200);
+    }
+    assert_eq!(above.state(&uri("x.example")), CircuitState::Closed);
+
+    let below = CircuitBreakerLayer::default();
+    let svc: Svc = ServiceBuilder::new()
+        .layer(retry())
+        .layer(below.clone())
+        .service(upstream())
+        .boxed_clone();
+    let mut open = 0;
+    for _ in 0..1000 {
+        if call(&svc, "x.example").await.is_err() {
+            open += 1;
+        }
+    }
+    assert_eq!(below.state(&uri("x.example")), CircuitState::Open);
+    assert!(open > 0);
 }
 
 #[tokio::test(start_paused = true)]
@@ -221,7 +514,10 @@ async fn a_ratio_below_the_threshold_or_too_few_calls_do_not_open_it() {
     }
     assert_eq!(breaker.state(&uri("flaky.example")), CircuitState::Closed);
 
-    // Every call fails, but only 9 in any 10 s window.
+    // Every call fails, but only 9 in any 10 s window (and the run of
+    // failures, which would open it at 10, is off here).
+    let breaker = CircuitBreakerLayer::new(config().consecutive_failures(0));
+    let svc = stack(&breaker, &up);
     up.set("rare.example", 503);
     for _ in 0..50 {
         call(&svc, "rare.example").await.unwrap();
@@ -234,7 +530,8 @@ async fn a_ratio_below_the_threshold_or_too_few_calls_do_not_open_it() {
 #[tokio::test(start_paused = true)]
 async fn old_outcomes_slide_out_of_the_window() {
     let up = Upstream::default();
-    let breaker = CircuitBreakerLayer::new(config());
+    // The ratio alone (10 failures in a row would open it either way).
+    let breaker = CircuitBreakerLayer::new(config().consecutive_failures(0));
     let svc = stack(&breaker, &up);
     // 1000 successes, then 11 s later 10 failures: the successes have left
     // the window, so the ratio is 100 %.

@@ -305,3 +305,255 @@ fn an_empty_list_or_a_relative_route_is_rejected() {
 fn new_panics_naming_itself() {
     let _ = FallbackLayer::new([]);
 }
+
+// ===== what a route never receives =====
+
+/// The head of each request the service saw: its URI and headers. The host
+/// `primary.example` answers 503, any other 200.
+fn heads() -> (
+    Arc<Mutex<Vec<(String, http::HeaderMap)>>>,
+    impl Service<
+            Request<B>,
+            Response = Response<B>,
+            Error = BoxError,
+            Future = impl std::future::Future<Output = Result<Response<B>, BoxError>> + Send,
+        > + Clone
+        + Send
+        + 'static,
+) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let svc = {
+        let seen = seen.clone();
+        tower::service_fn(move |req: Request<B>| {
+            let primary = req.uri().host() == Some("primary.example");
+            seen.lock()
+                .unwrap()
+                .push((req.uri().to_string(), req.headers().clone()));
+            let mut res = Response::new(Full::new(Bytes::new()));
+            if primary {
+                *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+            }
+            async move { Ok::<_, BoxError>(res) }
+        })
+    };
+    (seen, svc)
+}
+
+/// One attempt on the primary, then `layer`'s routes; what each saw.
+async fn through(layer: FallbackLayer, req: Request<B>) -> Vec<(String, http::HeaderMap)> {
+    let (seen, inner) = heads();
+    let mut svc = ServiceBuilder::new()
+        .layer(layer)
+        .layer(RetryLayer::new(RetryPolicy::default().max_attempts(1)))
+        .layer(ClassifyLayer::new(HttpClassifier::default()))
+        .service(inner);
+    let res = svc.ready().await.unwrap().call(req).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK, "a route served");
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2, "the primary, then the route");
+    seen
+}
+
+fn get(url: &str) -> http::request::Builder {
+    Request::get(url).header("idempotency-key", "k1")
+}
+
+fn secondary() -> FallbackLayer {
+    FallbackLayer::new([Route::base_url("https://secondary.example")])
+}
+
+/// Every header of the request, secret or not.
+const HEADERS: [(&str, bool); 14] = [
+    ("authorization", true),
+    ("proxy-authorization", true),
+    ("cookie", true),
+    ("x-api-key", true),
+    ("api-key", true),
+    ("x-goog-api-key", true),
+    ("x-amz-security-token", true),
+    // Caught only by the name rule.
+    ("x-session-token", true),
+    ("x-client-secret", true),
+    ("x-upstream-auth", true),
+    // Harmless.
+    ("accept", false),
+    ("x-request-id", false),
+    ("x-model", false),
+    ("idempotency-key", false),
+];
+
+fn with_every_header(mut b: http::request::Builder) -> Request<B> {
+    for (name, _) in HEADERS {
+        b = b.header(name, format!("primary-{name}"));
+    }
+    // Repeated: every value goes.
+    b = b.header("x-api-key", "primary-second-key");
+    b.body(Full::new(Bytes::new())).unwrap()
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn no_secret_header_reaches_a_route_by_default() {
+    let seen = through(
+        secondary(),
+        with_every_header(get("https://primary.example/v1")),
+    )
+    .await;
+    let (primary, route) = (&seen[0].1, &seen[1].1);
+    let deny = rebound_core::redact::HeaderDenyList::default();
+    for (name, secret) in HEADERS {
+        assert!(primary.contains_key(name), "the primary gets {name}");
+        assert_eq!(route.contains_key(name), !secret, "{name} at the route");
+        // One list: what the trace never shows is what no route gets.
+        let h = http::HeaderName::from_static(name);
+        assert_eq!(deny.contains(&h), secret, "{name} on the deny-list");
+    }
+    assert_eq!(primary.get_all("x-api-key").iter().count(), 2);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn secret_query_parameters_never_reach_a_route() {
+    for (url, at_route) in [
+        // No query; nothing to take.
+        ("https://primary.example/v1", "https://secondary.example/v1"),
+        ("https://primary.example/", "https://secondary.example/"),
+        // Only secret parameters: no `?` left.
+        (
+            "https://primary.example/v1?api_key=s3cret",
+            "https://secondary.example/v1",
+        ),
+        (
+            "https://primary.example/v1?key=a&access_token=b&X-Amz-Signature=c&sig=d",
+            "https://secondary.example/v1",
+        ),
+        (
+            "https://primary.example?token=t",
+            "https://secondary.example/",
+        ),
+        // The rest in its order and its encoding.
+        (
+            "https://primary.example/v1?api_key=s3cret&page=2",
+            "https://secondary.example/v1?page=2",
+        ),
+        (
+            "https://primary.example/v1?q=a%20b+c&apiKey=s&sort=-date&page=2",
+            "https://secondary.example/v1?q=a%20b+c&sort=-date&page=2",
+        ),
+        // Encoded names, matched decoded.
+        (
+            "https://primary.example/v1?api%5Fkey=s&%74oken=t&page=2",
+            "https://secondary.example/v1?page=2",
+        ),
+        // Repeated parameters: every one goes.
+        (
+            "https://primary.example/v1?token=a&page=2&token=b&tag=x&tag=y",
+            "https://secondary.example/v1?page=2&tag=x&tag=y",
+        ),
+        // Empty values and bare names.
+        (
+            "https://primary.example/v1?password=&page=&token&flag",
+            "https://secondary.example/v1?page=&flag",
+        ),
+        // A secret-looking value under a harmless name stays (a value is
+        // not a name).
+        (
+            "https://primary.example/v1?q=api_key%3Dx",
+            "https://secondary.example/v1?q=api_key%3Dx",
+        ),
+        // An empty query stays empty.
+        (
+            "https://primary.example/v1?",
+            "https://secondary.example/v1?",
+        ),
+    ] {
+        let req = get(url).body(Full::new(Bytes::new())).unwrap();
+        let seen = through(secondary(), req).await;
+        let whole = url.parse::<http::Uri>().unwrap().to_string();
+        assert_eq!(seen[0].0, whole, "the primary gets the whole query");
+        assert_eq!(seen[1].0, at_route, "{url}");
+    }
+    // Behind a route's path prefix too.
+    let req = get("https://primary.example/v1?session_id=s&page=2")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let layer = FallbackLayer::new([Route::base_url("https://secondary.example/eu")]);
+    let seen = through(layer, req).await;
+    assert_eq!(seen[1].0, "https://secondary.example/eu/v1?page=2");
+    let req = get("https://primary.example/v1?key=k")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let layer = FallbackLayer::new([Route::base_url("https://secondary.example/eu")]);
+    let seen = through(layer, req).await;
+    assert_eq!(seen[1].0, "https://secondary.example/eu/v1");
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_rewrite_sets_its_own_credentials_after_the_strip() {
+    let route = Route::base_url("https://secondary.example").rewrite(|parts| {
+        parts
+            .headers
+            .insert("x-api-key", HeaderValue::from_static("secondary-key"));
+        parts.headers.insert(
+            "authorization",
+            HeaderValue::from_static("Bearer secondary"),
+        );
+        let pq = parts.uri.path_and_query().unwrap().as_str();
+        let sep = if pq.contains('?') { '&' } else { '?' };
+        parts.uri = format!("https://secondary.example{pq}{sep}key=secondary-qk")
+            .parse()
+            .unwrap();
+    });
+    let req = with_every_header(get("https://primary.example/v1?key=primary-qk&page=2"));
+    let seen = through(FallbackLayer::new([route]), req).await;
+    let route = &seen[1].1;
+    assert_eq!(
+        seen[1].0,
+        "https://secondary.example/v1?page=2&key=secondary-qk"
+    );
+    let values: Vec<_> = route.get_all("x-api-key").iter().collect();
+    assert_eq!(
+        values,
+        ["secondary-key"],
+        "the rewrite's, never the primary's"
+    );
+    assert_eq!(route["authorization"], "Bearer secondary");
+    assert!(!route.contains_key("cookie"));
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_opt_outs_are_explicit() {
+    use rebound_core::redact::HeaderDenyList;
+    // Kept: named headers and parameters go to every route.
+    let layer = secondary()
+        .keep_headers([http::header::AUTHORIZATION])
+        .keep_query_params(["author"]);
+    let req = with_every_header(get("https://primary.example/v1?author=ann&token=t&page=2"));
+    let seen = through(layer, req).await;
+    let route = &seen[1].1;
+    assert_eq!(seen[1].0, "https://secondary.example/v1?author=ann&page=2");
+    assert_eq!(route["authorization"], "primary-authorization");
+    assert!(!route.contains_key("x-api-key") && !route.contains_key("cookie"));
+
+    // Added: more names are stripped, the secret ones still are; an
+    // explicit strip beats a keep.
+    let layer = secondary()
+        .strip_headers([http::HeaderName::from_static("x-model")])
+        .strip_query_params(["tenant"])
+        .keep_headers([http::HeaderName::from_static("x-model")]);
+    let req = with_every_header(get("https://primary.example/v1?tenant=acme&key=k&page=2"));
+    let seen = through(layer, req).await;
+    let route = &seen[1].1;
+    assert_eq!(seen[1].0, "https://secondary.example/v1?page=2");
+    assert!(!route.contains_key("x-model"));
+    assert!(!route.contains_key("authorization") && !route.contains_key("x-session-token"));
+    assert!(route.contains_key("accept"));
+
+    // Replaced: a list without the name rule forwards what only the rule
+    // caught; the credential headers stay on every list.
+    let layer = secondary().secret_headers(HeaderDenyList::minimal());
+    let seen = through(layer, with_every_header(get("https://primary.example/v1"))).await;
+    let route = &seen[1].1;
+    assert!(route.contains_key("x-session-token") && route.contains_key("x-api-key"));
+    for name in rebound_core::redact::ALWAYS_SENSITIVE {
+        assert!(!route.contains_key(&name), "{name}");
+    }
+}

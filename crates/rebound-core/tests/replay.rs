@@ -654,12 +654,17 @@ enum Rest {
     EndsInTime,
     /// The rest arrives during the delay and passes the cap.
     PassesTheCap,
-    /// The rest arrives long after the delay.
-    Late,
+    /// The rest arrives after the delay, the body idle less than the
+    /// loop's 1 s idle bound (issue 18: now retried whole).
+    AfterTheDelay,
+    /// The rest arrives after the body was idle for longer than the bound.
+    Stalled,
+    /// The rest arrives after the request's deadline.
+    PastTheDeadline,
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_retry_waits_out_its_delay_for_a_body_still_streaming_then_decides() {
+async fn a_retry_waits_for_a_body_still_streaming_while_it_moves_then_decides() {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
@@ -671,7 +676,13 @@ async fn a_retry_waits_out_its_delay_for_a_body_still_streaming_then_decides() {
     };
     use tower::{service_fn, ServiceBuilder, ServiceExt};
 
-    for rest in [Rest::EndsInTime, Rest::PassesTheCap, Rest::Late] {
+    for rest in [
+        Rest::EndsInTime,
+        Rest::PassesTheCap,
+        Rest::AfterTheDelay,
+        Rest::Stalled,
+        Rest::PastTheDeadline,
+    ] {
         let (tx, inner) = channel();
         let calls = Arc::new(AtomicUsize::new(0));
         let retried_body: Arc<Mutex<Option<Bytes>>> = Arc::default();
@@ -713,18 +724,25 @@ async fn a_retry_waits_out_its_delay_for_a_body_still_streaming_then_decides() {
             let (after, more) = match rest {
                 Rest::EndsInTime => (50, "5678"),
                 Rest::PassesTheCap => (50, "567890123"),
-                Rest::Late => (500, "5678"),
+                Rest::AfterTheDelay | Rest::PastTheDeadline => (500, "5678"),
+                Rest::Stalled => (3_000, "5678"),
             };
             tokio::time::sleep(Duration::from_millis(after)).await;
             let _ = tx.send(Ok(Frame::data(Bytes::from_static(more.as_bytes()))));
         });
-        let req = Request::post("http://api.example/v1/upload")
+        let mut req = Request::post("http://api.example/v1/upload")
             .header("idempotency-key", "k-1")
             .body(ReplayBody::with_max_bytes(inner, 10))
             .unwrap();
+        let start = tokio::time::Instant::now();
+        if rest == Rest::PastTheDeadline {
+            req.extensions_mut()
+                .insert(rebound_core::Deadline(start + Duration::from_millis(300)));
+        }
         let res = stack.oneshot(req).await.unwrap();
+        let took = start.elapsed();
         match rest {
-            Rest::EndsInTime => {
+            Rest::EndsInTime | Rest::AfterTheDelay => {
                 assert_eq!(res.status(), StatusCode::CREATED, "{rest:?}");
                 assert_eq!(Attempts::of(res.extensions()), 2);
                 assert_eq!(
@@ -733,8 +751,19 @@ async fn a_retry_waits_out_its_delay_for_a_body_still_streaming_then_decides() {
                     "the retry sent the whole body"
                 );
             }
-            Rest::PassesTheCap | Rest::Late => {
+            Rest::PassesTheCap | Rest::Stalled | Rest::PastTheDeadline => {
                 assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE, "{rest:?}");
+                // Given up on as soon as it was known: the cap passed (at
+                // 50 ms), the body idle for 1 s, the deadline (300 ms).
+                let (at_least, under) = match rest {
+                    Rest::PassesTheCap => (50, 100),
+                    Rest::Stalled => (1_000, 3_000),
+                    _ => (300, 500),
+                };
+                assert!(
+                    took >= Duration::from_millis(at_least) && took < Duration::from_millis(under),
+                    "{rest:?}: {took:?}"
+                );
                 assert_eq!(
                     res.extensions().get::<RetryStop>(),
                     Some(&RetryStop::NotReplayable),
@@ -748,4 +777,95 @@ async fn a_retry_waits_out_its_delay_for_a_body_still_streaming_then_decides() {
             }
         }
     }
+}
+
+// ===== buffering while the retry loop waits (issue 18) =====
+
+#[tokio::test]
+async fn buffering_reads_ahead_of_the_copy_sending_and_makes_a_whole_copy() {
+    let (tx, inner) = channel();
+    let mut kept = ReplayBody::with_max_bytes(inner, 16);
+    let mut sending = kept.try_replay().unwrap();
+    let mut t = task::spawn(());
+    let mut filler = task::spawn(());
+
+    data(&tx, "aaaa");
+    assert_eq!(data_of(poll(&mut t, &mut sending)), "aaaa");
+    // The copy sending stops being polled (its answer came); the loop
+    // reads the rest into the buffer.
+    assert!(poll(&mut t, &mut sending).is_pending());
+    assert!(filler.enter(|cx, _| kept.poll_buffer(cx)).is_pending());
+    assert!(kept.try_replay_whole().is_none(), "still streaming");
+    data(&tx, "bbbb");
+    assert!(filler.is_woken());
+    assert_eq!(
+        filler.enter(|cx, _| kept.poll_buffer(cx)),
+        Poll::Ready(Some(4))
+    );
+    assert!(t.is_woken(), "the copy behind is told");
+    drop(tx);
+    assert_eq!(
+        filler.enter(|cx, _| kept.poll_buffer(cx)),
+        Poll::Ready(None)
+    );
+
+    // Whole now: the retry's copy has every byte, and so does the copy
+    // that was sending, which plays back what the buffering read.
+    let retry = kept.try_replay_whole().expect("ended within the cap");
+    assert_eq!(
+        frames(retry).await.unwrap().chunks,
+        chunks(&["aaaa", "bbbb"])
+    );
+    assert_eq!(frames(sending).await.unwrap().chunks, chunks(&["bbbb"]));
+}
+
+#[tokio::test]
+async fn buffering_past_the_cap_stops_and_the_copy_sending_still_sends_it_all() {
+    let (tx, inner) = channel();
+    let mut kept = ReplayBody::with_max_bytes(inner, 6);
+    let mut sending = kept.try_replay().unwrap();
+    let mut t = task::spawn(());
+    let mut filler = task::spawn(());
+
+    data(&tx, "aaaa");
+    assert_eq!(data_of(poll(&mut t, &mut sending)), "aaaa");
+    data(&tx, "bbbb"); // 8 bytes: past the cap of 6
+    data(&tx, "cccc");
+    assert_eq!(
+        filler.enter(|cx, _| kept.poll_buffer(cx)),
+        Poll::Ready(None)
+    );
+    assert!(kept.is_capped());
+    assert!(kept.try_replay_whole().is_none());
+    assert!(kept.try_replay().is_none());
+    // Buffering stopped at the chunk that passed the cap; nothing more is
+    // read into a buffer that is no use.
+    assert_eq!(
+        filler.enter(|cx, _| kept.poll_buffer(cx)),
+        Poll::Ready(None)
+    );
+    drop(kept);
+    drop(tx);
+    // The copy sending plays back the chunk the buffering read, then reads
+    // the rest itself: nothing is lost, nothing is sent twice.
+    assert_eq!(
+        frames(sending).await.unwrap().chunks,
+        chunks(&["bbbb", "cccc"])
+    );
+}
+
+#[tokio::test]
+async fn a_kept_body_dropped_while_buffering_hands_the_wake_up_to_the_copy_sending() {
+    let (tx, inner) = channel();
+    let mut kept = ReplayBody::with_max_bytes(inner, 16);
+    let mut sending = kept.try_replay().unwrap();
+    let mut t = task::spawn(());
+    let mut filler = task::spawn(());
+    assert!(poll(&mut t, &mut sending).is_pending());
+    // The buffering polls last: the real body would wake it, not the copy.
+    assert!(filler.enter(|cx, _| kept.poll_buffer(cx)).is_pending());
+    drop(kept);
+    assert!(t.is_woken(), "the copy sending polls the real body again");
+    data(&tx, "aaaa");
+    assert_eq!(data_of(poll(&mut t, &mut sending)), "aaaa");
 }

@@ -26,7 +26,14 @@
 //! recording is dropped, the attempt in flight still sends the whole body,
 //! and the retry layer stops with
 //! [`RetryStop::NotReplayable`](rebound_core::RetryStop::NotReplayable)
-//! (verdict reason `body not replayable`). The cap is chosen when the body
+//! (verdict reason `body not replayable`).
+//!
+//! A server that answers before it read the whole body (a `503` after the
+//! first KiB of an upload) leaves the rest of the stream unsent; the retry
+//! layer reads it into the recording itself while it waits to retry
+//! ([`ReplayableBody::poll_buffer`]), within the cap and the deadline, and
+//! retries with the whole body once the stream ended (see "Waiting for the
+//! rest of the body" in [`rebound_core::replay`]). The cap is chosen when the body
 //! is armed: by [`Body::replay_cap`], or by the ready-made client
 //! ([`ClientBuilder::replay_buffer_cap`](crate::ClientBuilder::replay_buffer_cap))
 //! for a body that was not armed yet.
@@ -238,6 +245,13 @@ impl ReplayableBody for Body {
                 kind: Kind::Replay(copy),
             }),
             _ => self.try_replay(),
+        }
+    }
+
+    fn poll_buffer(&mut self, cx: &mut Context<'_>) -> Poll<Option<usize>> {
+        match &mut self.kind {
+            Kind::Replay(body) => body.poll_buffer(cx),
+            _ => Poll::Ready(None),
         }
     }
 }

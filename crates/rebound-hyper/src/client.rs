@@ -41,16 +41,16 @@
 //! | [`RetryAfterGateLayer`] (holding) | new requests to a host whose gate is closed wait here, holding no permit | [`retry_after_gate`](ClientBuilder::retry_after_gate) |
 //! | [`ConcurrencyLimitLayer`] | logical requests in flight, held until the body ends | [`concurrency_limit`](ClientBuilder::concurrency_limit) |
 //! | [`IdempotencyKeyLayer`] | POST/PATCH get an `Idempotency-Key` once | [`idempotency_keys`](ClientBuilder::idempotency_keys) |
-//! | [`FallbackLayer`] | **off by default**; on, a request whose retry loop ends in a retryable failure goes to the next listed route (its own retry loop, the same key and permit, `Authorization` stripped), all within the one deadline; fallbacks spend the retry budget | [`fallback`](ClientBuilder::fallback) |
+//! | [`FallbackLayer`] | **off by default**; on, a request whose retry loop ends in a retryable failure goes to the next listed route (its own retry loop, the same key and permit, the primary's secret headers and query parameters stripped), all within the one deadline; fallbacks spend the retry budget | [`fallback`](ClientBuilder::fallback) |
 //! | [`MarkRetryableLayer`] (only when configured) | gRPC calls to methods declared safe are eligible for retry | [`grpc_retryable_methods`](ClientBuilder::grpc_retryable_methods) |
-//! | [`RetryLayer`] | the only loop; budget shared by all clones | [`max_attempts`](ClientBuilder::max_attempts), [`retry_budget`](ClientBuilder::retry_budget), [`retry_methods`](ClientBuilder::retry_methods) |
+//! | [`CircuitBreakerLayer`] | per host, counting **requests** (each one's final outcome, after its retries): after 10 failed requests in a row, or 50 % of at least 100 in 30 s, fails requests at once, not sent, for 5 s, then probes; throttling (429, a 503 with Retry-After) never counts | [`circuit_breaker`](ClientBuilder::circuit_breaker) (settings, sharing, or `None`: not in the stack at all) |
+//! | [`RetryLayer`] | the only loop; budget shared by all clones; a retry that succeeds gives its token back | [`max_attempts`](ClientBuilder::max_attempts), [`retry_budget`](ClientBuilder::retry_budget), [`retry_methods`](ClientBuilder::retry_methods) |
 //! | [`HedgeLayer`] | **off by default**; on, a first attempt with no answer after a delay gets a copy, the first acceptable answer wins, the other is cancelled; hedges spend the retry budget, and a hedged request is not retried | [`hedge`](ClientBuilder::hedge) |
 //! | [`ReconcileLayer`] | **off by default**; on, an attempt of a write with an operation id (its `Idempotency-Key`) that ends maybe processed asks the status check before the loop sends it again: finished → its response, not found → retry, unknown → an `ambiguous` error | [`reconcile`](ClientBuilder::reconcile) |
 //! | [`AttemptTraceLayer`](rebound_core::trace::AttemptTraceLayer) | one child span per attempt | with `trace` |
 //! | [`PropagateDeadlineLayer`] (only when configured) | the time left, per attempt, as `grpc-timeout` and / or a budget header | [`propagate_grpc_timeout`](ClientBuilder::propagate_grpc_timeout), [`deadline_header`](ClientBuilder::deadline_header) |
 //! | [`BackoffLayer`] | proposes the delay; Retry-After wins | [`backoff`](ClientBuilder::backoff) |
 //! | [`RetryAfterGateLayer`] (closing) | closes a host's gate on a 429 with Retry-After; holds retries | [`retry_after_gate`](ClientBuilder::retry_after_gate) (wait, fail fast, off), [`retry_after_gate_on_503`](ClientBuilder::retry_after_gate_on_503) |
-//! | [`CircuitBreakerLayer`] | per host: after 10 % failed attempts (of at least 100 in 30 s), fails calls at once, not sent, for 5 s, then probes (the defaults of .NET's standard resilience handler) | [`circuit_breaker`](ClientBuilder::circuit_breaker) (settings, sharing, or `None`: not in the stack at all) |
 //! | [`AdaptiveLimitLayer`] | attempts in flight; shrinks on 429/503/timeouts | [`adaptive_limit`](ClientBuilder::adaptive_limit) |
 //! | [`RetryAfterLayer`] | parses Retry-After / pushback into a hint | [`retry_after_cap`](ClientBuilder::retry_after_cap) |
 //! | [`ClassifyLayer`] | each attempt's [`Verdict`](rebound_core::Verdict) | [`classifier`](ClientBuilder::classifier) |
@@ -857,16 +857,21 @@ impl ClientBuilder {
         self
     }
 
-    /// The per-host circuit breaker, below the retry loop (it sees every
-    /// attempt): pass a [`CircuitBreakerLayer`] for other settings, or to
-    /// share one breaker (and read its
-    /// [`state`](CircuitBreakerLayer::state)) across clients; `None` takes
-    /// it out of the stack. While a host's circuit is open its calls fail
-    /// at once with a [`CircuitOpen`](ErrorKind::CircuitOpen) error, not
-    /// sent and not retried. Default: a new breaker per built client with
+    /// The per-host circuit breaker, right above the retry loop (below the
+    /// fallback layer): it admits requests and counts each request's final
+    /// outcome, so an attempt the loop recovers is not a failure, and
+    /// throttling (a 429, a 5xx with Retry-After) is not counted at all.
+    /// Pass a [`CircuitBreakerLayer`] for other settings, or to share one
+    /// breaker (and read its [`state`](CircuitBreakerLayer::state)) across
+    /// clients; `None` takes it out of the stack. Both stacks (streaming
+    /// and the JSON helpers') share it. While a host's circuit is open its
+    /// requests fail at once with a [`CircuitOpen`](ErrorKind::CircuitOpen)
+    /// error, not sent, costing no attempt and no retry budget. Default: a
+    /// new breaker per built client with
     /// [`CircuitBreakerConfig::default`](rebound_core::breaker::CircuitBreakerConfig::default)
-    /// (opens at a 10 % failure ratio over at least 100 attempts in 30 s,
-    /// for 5 s).
+    /// (opens after 10 failed requests in a row, or at a 50 % failure ratio
+    /// over at least 100 requests in 30 s, for 5 s; see the
+    /// [breaker's docs](rebound_core::breaker) for why).
     pub fn circuit_breaker(mut self, breaker: impl Into<Option<CircuitBreakerLayer>>) -> Self {
         self.breaker = Some(breaker.into());
         self
@@ -897,7 +902,7 @@ impl ClientBuilder {
     /// Fall back to the alternate [`Route`](rebound_core::fallback::Route)s
     /// of `layer` when a request's retry loop ends in a retryable failure
     /// (see [`rebound_core::fallback`]: only then, only to the routes
-    /// listed, `Authorization` stripped, the response marked with
+    /// listed, without the primary's credentials, the response marked with
     /// [`Served`](rebound_core::fallback::Served)); `None` takes it out.
     /// Default: `None`, and then it is not in the stack at all (an `Either`
     /// branch): a request pays nothing for it.
@@ -932,6 +937,17 @@ impl ClientBuilder {
     /// * The holding Retry-After gate, above the limit, sees the primary's
     ///   host; a route's host whose gate is closed is held (or failed fast)
     ///   by the gate below the retry loop, as a retry to it would be.
+    ///
+    /// What a route never receives is the layer's own list, not the
+    /// [trace](Self::trace) configuration's: every header on
+    /// [`HeaderDenyList::default`](rebound_core::redact::HeaderDenyList)
+    /// (the trace's default deny-list, name rule included) and every query
+    /// parameter whose name looks secret; a route's rewrite may set its
+    /// own. A header you add to the trace's deny-list
+    /// ([`deny_header`](rebound_core::trace::TraceBuilder::deny_header))
+    /// is not stripped by that alone: give it to
+    /// [`FallbackLayer::strip_headers`] too, or the same list to
+    /// [`FallbackLayer::secret_headers`].
     ///
     /// The request body is sent again from the copy the retry loop keeps:
     /// in memory, or a stream within the
@@ -979,10 +995,11 @@ impl ClientBuilder {
     /// It sits below the retry loop and the hedge (the check comes after an
     /// attempt's outcome and before the loop's decision; it never repeats
     /// anything) and above every per-attempt layer — the attempt span, the
-    /// backoff, the gate, the circuit breaker, the adaptive limit and the
-    /// classifier — in both stacks: they see the attempt as it was (a reset
-    /// stays a failure for the breaker and the limits), and the check runs
-    /// after the attempt has given back its adaptive-limit permit.
+    /// backoff, the gate, the adaptive limit and the classifier — in both
+    /// stacks: they see the attempt as it was (a reset stays a failure for
+    /// the limits), and the check runs after the attempt has given back its
+    /// adaptive-limit permit. The circuit breaker, above the retry loop,
+    /// sees the request's final outcome: a reconciled write is a success.
     ///
     /// Default: none, and then it is not in the stack at all (an `Either`
     /// branch): a request pays nothing for it.
@@ -1333,18 +1350,21 @@ impl ClientBuilder {
                     .layer(attempt.layer(transport)),
             );
             let collecting_attempts = CollectingAttemptStack::new(trace.attempt_layer().layer(
-                propagate.layer(backoff.layer(gate.layer(
-                    breaker.layer(adaptive.layer(retry_after.layer(classify.layer(collected)))),
-                ))),
+                propagate.layer(backoff.layer(
+                    gate.layer(adaptive.layer(retry_after.layer(classify.layer(collected)))),
+                )),
             ));
             let closes = ShutdownLayer::new(&shutdown);
-            let collecting = trace.layer(closes.layer(CancelLayer::new().layer(deadline.layer(
-                hold.layer(
-                    concurrency.layer(idempotency.layer(fallback.layer(mark.layer(
-                        retry.layer(hedge.layer(collecting_reconcile.layer(collecting_attempts))),
+            let collecting =
+                trace.layer(
+                    closes.layer(CancelLayer::new().layer(deadline.layer(hold.layer(
+                        concurrency.layer(idempotency.layer(fallback.layer(mark.layer(
+                            breaker.layer(retry.layer(
+                                hedge.layer(collecting_reconcile.layer(collecting_attempts)),
+                            )),
+                        )))),
                     )))),
-                ),
-            ))));
+                );
             return Ok(Client {
                 inner: Stack::new(stack),
                 collecting: CollectingStack::new(collecting),
@@ -1355,23 +1375,24 @@ impl ClientBuilder {
         }
 
         let attempts = AttemptStack::new(trace.attempt_layer().layer(propagate.layer(
-            backoff.layer(gate.layer(breaker.layer(
+            backoff.layer(gate.layer(
                 adaptive.layer(retry_after.layer(classify.layer(attempt.layer(transport.clone())))),
-            ))),
+            )),
         )));
         // Shutdown right under the request span (which then records a
-        // refused or cut request), above everything that waits.
+        // refused or cut request), above everything that waits. The breaker
+        // right above the retry loop: it admits requests and counts each
+        // one's final outcome, so errors the retries absorb never open it.
         let closes = ShutdownLayer::new(&shutdown);
-        let stack =
-            trace
-                .layer(
-                    closes.layer(CancelLayer::new().layer(deadline.layer(hold.layer(
-                        concurrency.layer(idempotency.layer(fallback.layer(
-                            mark.layer(retry.layer(hedge.layer(reconcile.layer(attempts)))),
-                        ))),
+        let stack = trace
+            .layer(
+                closes.layer(CancelLayer::new().layer(deadline.layer(hold.layer(
+                    concurrency.layer(idempotency.layer(fallback.layer(mark.layer(
+                        breaker.layer(retry.layer(hedge.layer(reconcile.layer(attempts)))),
                     )))),
-                )
-                .map_response(|res: Response<LayeredBody>| res.map(ClientBody::layered));
+                )))),
+            )
+            .map_response(|res: Response<LayeredBody>| res.map(ClientBody::layered));
 
         // The JSON helpers' stack: the very same layer values (their state is
         // behind `Arc`s, so both stacks share the pool, budget, limiters and
@@ -1381,16 +1402,17 @@ impl ClientBuilder {
                 .max_bytes(self.max_response_body)
                 .layer(attempt.layer(transport)),
         );
-        let collecting_attempts = CollectingAttemptStack::new(trace.attempt_layer().layer(
-            propagate.layer(backoff.layer(gate.layer(
-                breaker.layer(adaptive.layer(retry_after.layer(classify.layer(collected)))),
-            ))),
-        ));
+        let collecting_attempts =
+            CollectingAttemptStack::new(trace.attempt_layer().layer(propagate.layer(
+                backoff.layer(
+                    gate.layer(adaptive.layer(retry_after.layer(classify.layer(collected)))),
+                ),
+            )));
         let collecting = trace.layer(closes.layer(CancelLayer::new().layer(deadline.layer(
             hold.layer(
-                concurrency.layer(idempotency.layer(fallback.layer(mark.layer(
+                concurrency.layer(idempotency.layer(fallback.layer(mark.layer(breaker.layer(
                     retry.layer(hedge.layer(collecting_reconcile.layer(collecting_attempts))),
-                )))),
+                ))))),
             ),
         ))));
         Ok(Client {

@@ -16,7 +16,11 @@
 //! * HTTP/2 `REFUSED_STREAM`, or a graceful remote `GOAWAY` (`NO_ERROR`,
 //!   which only fails streams above the server's last processed stream id)
 //!   → `NotSent`;
-//! * anything else → [`Sent::MaybeProcessed`].
+//! * anything else → [`Sent::MaybeProcessed`]: an HTTP/1.1 connection
+//!   reset, closed or broken after hyper began writing the request, or an
+//!   HTTP/2 connection that failed without a `GOAWAY` below the stream, may
+//!   come from a server that read the request and acted on it (see
+//!   "What 'not sent' can be known from" in [`rebound_core::foreign`]).
 //!
 //! A TLS error whose chain holds rustls's `InvalidCertificate` (the
 //! server's certificate failed verification) also carries

@@ -149,7 +149,7 @@ use hyper_util::client::legacy::connect::{
 use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use rebound_core::redact::authority_without_userinfo;
-use rebound_core::shutdown::{OpenBody, ShutdownHandle};
+use rebound_core::shutdown::ShutdownHandle;
 use rebound_core::{BoxError, Error, ErrorKind, Sent};
 use rustls::ClientConfig;
 use tokio::time::Instant;
@@ -367,16 +367,20 @@ impl TransportBuilder {
 
     /// Shut down with `handle` (see [`rebound_core::shutdown`]): each
     /// response body with bytes left to read (not a 204, a HEAD or an
-    /// empty body) counts as in flight until it ends or is dropped (an
-    /// [`OpenBody`] guard), and every
+    /// empty body) counts as in flight from the moment its head arrives
+    /// until it ends or is dropped (an [`OpenBody`](rebound_core::shutdown::OpenBody) guard), and every
     /// connection — idle in the pool or busy — closes when the shutdown
     /// ends, so a body still being read then fails with
-    /// [`ErrorKind::Closed`]. [`ClientBuilder`](crate::ClientBuilder) does
-    /// this with the handle of [`Client::shutdown`](crate::Client::shutdown).
+    /// [`ErrorKind::Closed`] (counted in
+    /// [`ShutdownReport::bodies_cut`](rebound_core::shutdown::ShutdownReport::bodies_cut)).
+    /// A request still waiting for its head holds no guard: it is the
+    /// shutdown layer's to count (and cut) as a request, not a body.
+    /// [`ClientBuilder`](crate::ClientBuilder) does this with the handle of
+    /// [`Client::shutdown`](crate::Client::shutdown).
     ///
-    /// Cost: a reference count and two atomic adds per request; per
-    /// connection, a child token watched without a lock (see
-    /// [`Connector::close_on`]).
+    /// Cost: a reference count per request, and two atomic adds per
+    /// response with a body to read; per connection, a child token watched
+    /// without a lock (see [`Connector::close_on`]).
     pub fn shutdown(mut self, handle: &ShutdownHandle) -> Self {
         self.shutdown = Some(handle.clone());
         self
@@ -570,7 +574,7 @@ where
                     request: None,
                     body: shared.body,
                     connection: None,
-                    open: None,
+                    shutdown: None,
                 }
             }
         };
@@ -597,7 +601,7 @@ where
             request: Some(request),
             body: shared.body,
             connection,
-            open: shared.shutdown.as_ref().map(ShutdownHandle::open_body),
+            shutdown: shared.shutdown.clone(),
         }
     }
 }
@@ -722,8 +726,9 @@ pub struct ResponseFuture {
     /// The connection the request went out on, for requests that may be
     /// sent over HTTP/2.
     connection: Option<Captured>,
-    /// Counted by a shutdown from the call until the body ends.
-    open: Option<OpenBody>,
+    /// The shutdown that counts the response body, from its head (when
+    /// there is a body to read) until it ends.
+    shutdown: Option<ShutdownHandle>,
 }
 
 /// A request's connection, captured to retire it if the request is
@@ -781,15 +786,19 @@ impl Future for ResponseFuture {
                 Poll::Ready(match result {
                     Ok(res) => {
                         let timeouts = this.body;
-                        // A body with nothing to read (a 204, a HEAD, a
-                        // `Content-Length: 0`) is not in flight: a caller
-                        // who keeps the response does not hold a shutdown.
-                        let open = this.open.take();
+                        // The guard is taken now, with the head: until
+                        // then the request is the shutdown layer's to
+                        // count, and a request cut before its head is no
+                        // body cut. A body with nothing to read (a 204, a
+                        // HEAD, a `Content-Length: 0`) is not in flight
+                        // at all: a caller who keeps the response does not
+                        // hold a shutdown.
+                        let shutdown = this.shutdown.take();
                         Ok(res.map(|b| {
                             let open = if hyper::body::Body::is_end_stream(&b) {
                                 None
                             } else {
-                                open
+                                shutdown.as_ref().map(ShutdownHandle::open_body)
                             };
                             ResponseBody::new(b, timeouts).named(request).tracked(open)
                         }))

@@ -878,3 +878,57 @@ async fn after_body_bytes_answers_early_then_reads_and_records_the_whole_body() 
     }
     assert_eq!(server.requests_started(), server.request_count());
 }
+
+#[tokio::test]
+async fn go_away_refuses_the_first_http2_request_unprocessed_then_resets() {
+    let server = FaultServer::builder()
+        .tls()
+        .connections([ConnectionAction::go_away(0), ConnectionAction::go_away(1)])
+        .start()
+        .await;
+    for last_stream_id in [0u32, 1] {
+        // A fresh client each time: one connection each.
+        let client = tls_client(&server, true);
+        let req = http::Request::post(server.url("/refused"))
+            .body(Full::new(Bytes::from_static(b"payload")))
+            .unwrap();
+        let err = timeout(SOON, client.request(req))
+            .await
+            .expect("answered within 5 s")
+            .expect_err("no response");
+        // The GOAWAY reaches hyper's client as the stream's error when it
+        // is above the last stream id; below it, only the reset does.
+        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&err);
+        let mut go_away = false;
+        while let Some(e) = source {
+            if let Some(h2) = e.downcast_ref::<hyper::Error>() {
+                go_away |= format!("{h2:?}").contains("GoAway");
+            }
+            source = e.source();
+        }
+        assert_eq!(go_away, last_stream_id == 0, "{err:?}");
+    }
+    // Neither request was recorded or started: the server never read them
+    // as requests.
+    assert_eq!(server.connections(), 2);
+    assert_eq!(server.request_count(), 0);
+    assert_eq!(server.requests_started(), 0);
+}
+
+#[tokio::test]
+async fn go_away_resets_a_connection_that_is_not_http2() {
+    let server = FaultServer::builder()
+        .tls()
+        .connections([ConnectionAction::go_away(0)])
+        .start()
+        .await;
+    let client = tls_client(&server, false);
+    let req = http::Request::get(server.url("/h1"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    timeout(SOON, client.request(req))
+        .await
+        .expect("answered within 5 s")
+        .expect_err("reset");
+    assert_eq!(server.request_count(), 0);
+}

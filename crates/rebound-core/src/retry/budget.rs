@@ -43,6 +43,20 @@ const PPM: u64 = 1_000_000;
 /// holds. Retries the ratio allows take no token: a busy client is bounded
 /// by the ratio alone.
 ///
+/// # A retry that succeeds gives its token back
+///
+/// As the AWS SDKs' retry quota does, a retry whose attempt succeeds is
+/// [refunded](Self::refund) (the retry loop does it once per request that
+/// succeeds on a retry): it no longer counts against the window. So the
+/// budget bounds the retries that **fail**, not those that work. A steady
+/// transient error rate that one retry absorbs (say every fifth first
+/// attempt a 503, the retry a 200) costs the budget almost nothing, instead
+/// of running it dry at 20 % and turning absorbed errors into caller
+/// errors; with independent failures at a rate *p* and 3 attempts, the
+/// failed retries are about *p*² + *p*³ per request, within the default
+/// 20 % up to *p* ≈ 0.38. In a total outage no retry succeeds, nothing
+/// comes back, and the bound above holds unchanged.
+///
 /// The window slides in ten buckets; requests and retries older than the
 /// window are forgotten. Time is `tokio::time`, so paused-clock tests are
 /// deterministic.
@@ -70,6 +84,9 @@ const PPM: u64 = 1_000_000;
 /// assert!(budget.try_withdraw());
 /// assert!(budget.try_withdraw());
 /// assert!(!budget.try_withdraw());
+/// // The retry succeeded: its token comes back.
+/// budget.refund();
+/// assert_eq!(budget.remaining(), 1);
 ///
 /// // A quiet client: a floor of 5 retries per second, in a burst of 5.
 /// let quiet = RetryBudget::new(0.2, Duration::from_secs(10), 5);
@@ -373,6 +390,25 @@ impl RetryBudget {
         allowed
     }
 
+    /// Give back one retry taken with [`try_withdraw`](Self::try_withdraw)
+    /// whose attempt succeeded (see [the type's docs](Self)): the newest
+    /// retry still in the window stops counting. Nothing happens when the
+    /// window holds none (the retry has already left it). Takes the lock:
+    /// it runs only for a request that was retried.
+    pub fn refund(&self) {
+        let mut w = self.lock();
+        let head = (w.head % BUCKETS as u64) as usize;
+        // Newest bucket first: the retry was taken a backoff and an
+        // attempt ago, most likely in the head bucket or the one before.
+        for back in 0..BUCKETS {
+            let slot = (head + BUCKETS - back) % BUCKETS;
+            if w.retries[slot] > 0 {
+                w.retries[slot] -= 1;
+                return;
+            }
+        }
+    }
+
     /// How many retries the budget would allow right now (for tracing).
     pub fn remaining(&self) -> u64 {
         let mut w = self.lock();
@@ -541,6 +577,141 @@ mod tests {
         let taken = retries.load(Ordering::Relaxed);
         assert!(taken <= 8_000, "{taken}");
         assert_eq!(taken + drain(&budget), 8_000);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refund_restores_a_retry() {
+        let budget = RetryBudget::try_new(0.2, Duration::from_secs(10), 0).unwrap();
+        for _ in 0..10 {
+            budget.deposit();
+        }
+        assert_eq!(drain(&budget), 2);
+        assert_eq!(budget.remaining(), 0);
+        budget.refund();
+        assert_eq!(budget.remaining(), 1);
+        budget.refund();
+        assert_eq!(budget.remaining(), 2);
+        // Nothing left to give back: no credit beyond the ratio.
+        budget.refund();
+        assert_eq!(budget.remaining(), 2);
+        // A retry taken in an older bucket is refunded too.
+        assert_eq!(drain(&budget), 2);
+        tokio::time::advance(Duration::from_secs(3)).await;
+        budget.refund();
+        assert_eq!(budget.remaining(), 1);
+        // One that has left the window is not: nothing to give back.
+        tokio::time::advance(Duration::from_secs(10)).await;
+        budget.refund();
+        assert_eq!(budget.remaining(), 0);
+    }
+
+    /// A steady transient rate that one retry absorbs: 30 % of first
+    /// attempts fail, every retry succeeds. Without refunds the default
+    /// budget (20 %, its floor spent early) refuses about a third of those
+    /// retries.
+    #[tokio::test(start_paused = true)]
+    async fn absorbed_errors_cost_the_budget_nothing() {
+        let budget = RetryBudget::default();
+        let mut refused = 0;
+        for n in 0..1000u64 {
+            budget.deposit();
+            if n % 10 < 3 {
+                if budget.try_withdraw() {
+                    budget.refund();
+                } else {
+                    refused += 1;
+                }
+            }
+            if n % 100 == 99 {
+                tokio::time::advance(Duration::from_millis(500)).await;
+            }
+        }
+        assert_eq!(refused, 0);
+    }
+
+    /// The retry loop gives back the token of a retry that succeeded: a
+    /// host whose every first attempt fails and every retry works (a 100 %
+    /// transient rate, absorbed) is served whole, where the ratio alone
+    /// would have refused most of those retries.
+    #[tokio::test(start_paused = true)]
+    async fn the_retry_loop_refunds_a_retry_that_succeeds() {
+        use std::sync::atomic::AtomicU32;
+        use std::sync::Arc;
+
+        use bytes::Bytes;
+        use http::{Request, Response, StatusCode};
+        use http_body_util::Empty;
+        use tower::{service_fn, ServiceBuilder, ServiceExt};
+
+        use crate::classify::{ClassifyLayer, HttpClassifier};
+        use crate::retry::{RetryLayer, RetryPolicy};
+
+        let budget = Arc::new(RetryBudget::try_new(0.2, Duration::from_secs(10), 0).unwrap());
+        // Some history, so the ratio allows a first retry.
+        for _ in 0..10 {
+            budget.deposit();
+        }
+        let calls = Arc::new(AtomicU32::new(0));
+        let svc = ServiceBuilder::new()
+            .layer(RetryLayer::new(
+                RetryPolicy::default().budget(Arc::clone(&budget)),
+            ))
+            .layer(ClassifyLayer::new(HttpClassifier::default()))
+            .service(service_fn(move |_req: Request<Empty<Bytes>>| {
+                let first = calls.fetch_add(1, Ordering::Relaxed) % 2 == 0;
+                async move {
+                    let mut res = Response::new(Empty::<Bytes>::new());
+                    if first {
+                        *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+                    }
+                    Ok::<_, std::convert::Infallible>(res)
+                }
+            }));
+        for n in 0..50 {
+            let req = Request::get("http://api.example/")
+                .body(Empty::new())
+                .unwrap();
+            let res = svc.clone().oneshot(req).await.unwrap();
+            assert_eq!(res.status(), StatusCode::OK, "request {n}");
+            assert_eq!(crate::Attempts::of(res.extensions()), 2);
+        }
+        // 60 requests, every retry given back: the whole ratio is left.
+        assert_eq!(budget.remaining(), 12);
+    }
+
+    /// Refunds leave the outage bound as it is: the retries that fail never
+    /// exceed ratio × requests, at ratios that are not 1/n too.
+    #[tokio::test(start_paused = true)]
+    async fn failed_retries_stay_within_the_ratio_with_refunds() {
+        for ratio in [0.1, 0.2, 0.6] {
+            let budget = RetryBudget::try_new(ratio, Duration::from_secs(10), 0).unwrap();
+            let mut failed = 0u64;
+            for requests in 1..=1000u64 {
+                budget.deposit();
+                // Every first attempt fails; one request in three succeeds
+                // on its first retry, the others fail every retry (up to 2).
+                for retry in 0..2 {
+                    if !budget.try_withdraw() {
+                        break;
+                    }
+                    if requests % 3 == 0 && retry == 0 {
+                        budget.refund();
+                        break;
+                    }
+                    failed += 1;
+                }
+                let bound = (requests as f64 * ratio + 1e-9).floor() as u64;
+                assert!(failed <= bound, "ratio {ratio}: {failed} > {bound}");
+            }
+            // ... and a total outage (no refund at all) still gets exactly
+            // the ratio.
+            let outage = RetryBudget::try_new(ratio, Duration::from_secs(10), 0).unwrap();
+            for _ in 0..1000 {
+                outage.deposit();
+            }
+            let expected = (1000.0 * ratio + 1e-9).floor() as u64;
+            assert_eq!(drain(&outage), expected, "ratio {ratio}");
+        }
     }
 
     #[test]

@@ -30,6 +30,10 @@ pub(crate) const DRAIN_MAX_TIME: Duration = Duration::from_secs(1);
 /// Frames read per poll before yielding, so a body that is always ready
 /// cannot starve the executor.
 const DRAIN_FRAMES_PER_POLL: usize = 32;
+/// A retry held for its request body waits past its delay, within the
+/// deadline, only while the body keeps moving: it gives up once the body
+/// has not moved for this long.
+const UPLOAD_IDLE_MAX: Duration = Duration::from_secs(1);
 
 pin_project! {
     /// The response future of [`Retry`](super::Retry).
@@ -124,6 +128,18 @@ impl<B: Body> Drain<B> {
     }
 }
 
+/// What one poll of the wait before the next attempt came to (see
+/// [`Replay::poll_sleep`]).
+pub(crate) enum Slept<ResB> {
+    /// Still waiting.
+    Pending,
+    /// The loop is over: its outcome.
+    Return(Result<Response<ResB>, Error>),
+    /// The wait is over: the next attempt, once the retry held for its
+    /// body (if any) is [resumed](Replay::resume) and the service ready.
+    Ready(Option<Held<ResB>>),
+}
+
 pub(crate) enum Decision<ResB> {
     Return(Result<Response<ResB>, Error>),
     Retry {
@@ -148,6 +164,11 @@ pub(crate) struct Plan {
 pub(crate) struct Held<ResB> {
     pub(crate) outcome: Result<Response<ResB>, Error>,
     plan: Plan,
+    /// When the body last moved (a chunk read into the replay buffer).
+    moved: Instant,
+    /// Whether there is nothing more to read into the buffer: the body
+    /// ended, passed its cap or failed.
+    buffered: bool,
 }
 
 fn budget_left(budget: &super::RetryBudget) -> u32 {
@@ -285,7 +306,14 @@ where
         let n = self.attempt;
         let ext = extensions_mut(&mut outcome);
         let sent = match ext.get::<Verdict>() {
-            None | Some(Verdict::Success) => return Decision::Return(self.finish(outcome, None)),
+            None | Some(Verdict::Success) => {
+                if n > 1 {
+                    // A retry that worked gives its token back (see
+                    // `RetryBudget::refund`).
+                    self.policy.budget.refund();
+                }
+                return Decision::Return(self.finish(outcome, None));
+            }
             Some(Verdict::Fatal { .. }) => {
                 // A wait below (a gate, a limit's queue) that a shutdown
                 // ended: stopped by the shutdown, as a backoff sleep is,
@@ -365,7 +393,12 @@ where
                 return Decision::Retry {
                     until: until.unwrap_or(now),
                     drain: None,
-                    held: Some(Held { outcome, plan }),
+                    held: Some(Held {
+                        outcome,
+                        plan,
+                        moved: now,
+                        buffered: false,
+                    }),
                 };
             }
             ext.insert(Verdict::Fatal {
@@ -426,16 +459,156 @@ where
         &mut self,
         held: Held<ResB>,
     ) -> Option<Result<Response<ResB>, Error>> {
-        let Held { mut outcome, plan } = held;
+        let Held {
+            mut outcome, plan, ..
+        } = held;
         let Some(body) = self.replay_body() else {
             extensions_mut(&mut outcome).insert(Verdict::Fatal {
                 reason: Reason::new_static("body not replayable"),
             });
-            return Some(self.finish(outcome, Some(RetryStop::NotReplayable)));
+            return Some(self.give_up(outcome, RetryStop::NotReplayable));
         };
+        if self.deadline.is_some_and(|d| Instant::now() >= d) {
+            // The body became whole too late for another attempt.
+            return Some(self.give_up(outcome, RetryStop::Deadline));
+        }
         match self.plan(plan, body) {
             Ok(()) => None,
-            Err(stop) => Some(self.finish(outcome, Some(stop))),
+            Err(stop) => Some(self.give_up(outcome, stop)),
+        }
+    }
+
+    /// Return a held outcome: annotated as [`finish`](Self::finish) does,
+    /// and the kept body let go of, so that the copy still sending it
+    /// takes over the real body (and its wake-ups) from the buffering.
+    fn give_up<ResB>(
+        &mut self,
+        outcome: Result<Response<ResB>, Error>,
+        stop: RetryStop,
+    ) -> Result<Response<ResB>, Error> {
+        let out = self.finish(outcome, Some(stop));
+        if let Some((parts, _kept)) = self.template.take() {
+            self.name = Some((parts.method, parts.uri));
+        }
+        out
+    }
+
+    /// While a retry is held for its body: read the body into its replay
+    /// buffer (the attempt that got the answer may no longer be sending
+    /// it, so no one else may), noting when it moved and when it is over.
+    fn buffer<ResB>(&mut self, held: &mut Held<ResB>, cx: &mut Context<'_>) {
+        if held.buffered {
+            return;
+        }
+        let Some((_, kept)) = self.template.as_mut() else {
+            held.buffered = true;
+            return;
+        };
+        let mut moved = false;
+        for _ in 0..DRAIN_FRAMES_PER_POLL {
+            match B::poll_buffer(kept, cx) {
+                Poll::Ready(Some(_)) => moved = true,
+                Poll::Ready(None) => {
+                    held.buffered = true;
+                    break;
+                }
+                Poll::Pending => break,
+            }
+        }
+        if moved {
+            held.moved = Instant::now();
+        }
+        if !held.buffered && moved {
+            // Read a whole batch, or stopped at `Pending` after moving:
+            // come back (a batch may have ended without `Pending`).
+            cx.waker().wake_by_ref();
+        }
+    }
+
+    /// One poll of the wait before the next attempt: the shutdown's
+    /// signal (`closed`), the drain of the discarded response, the body a
+    /// held retry waits for, the `sleep` until `until` (and past it while
+    /// a held body keeps moving). Shared by [`Retry`](super::Retry)'s
+    /// future and the whole-stack service.
+    pub(crate) fn poll_sleep<ResB: Body>(
+        &mut self,
+        cx: &mut Context<'_>,
+        closed: bool,
+        mut sleep: Pin<&mut Sleep>,
+        drain: &mut Option<Drain<ResB>>,
+        until: Instant,
+        held: &mut Option<Held<ResB>>,
+    ) -> Slept<ResB> {
+        if closed {
+            // Shut down: no further attempt. The outcome held whole is
+            // returned as it is; a drained one as a `Closed` error carrying
+            // its verdict.
+            let out = match held.take() {
+                Some(h) => self.give_up(h.outcome, RetryStop::Closed),
+                None => {
+                    // The next attempt was planned, not made.
+                    self.attempt -= 1;
+                    let err = Err(self.closed_error());
+                    self.finish(err, Some(RetryStop::Closed))
+                }
+            };
+            return Slept::Return(out);
+        }
+        if let Some(d) = drain {
+            if d.poll_done(cx) {
+                *drain = None;
+            }
+        }
+        if let Some(h) = held {
+            // Held for its body: read it into the buffer while waiting
+            // (see "Waiting for the rest of the body" in `crate::replay`).
+            self.buffer(h, cx);
+            if h.buffered {
+                if !self.may_become_whole() {
+                    // Passed its cap, or failed: no retry can be sent
+                    // whole; the held outcome now.
+                    return match held.take().and_then(|h| self.resume(h)) {
+                        Some(out) => Slept::Return(out),
+                        None => Slept::Ready(None),
+                    };
+                }
+                if Instant::now() >= until {
+                    return Slept::Ready(held.take());
+                }
+            }
+        }
+        loop {
+            if sleep.as_mut().poll(cx).is_pending() {
+                return Slept::Pending;
+            }
+            // The drain never outlives its window.
+            *drain = None;
+            let now = Instant::now();
+            if now < until {
+                sleep.as_mut().reset(until);
+                continue;
+            }
+            if let Some(h) = held.as_ref().filter(|h| !h.buffered) {
+                // Past the delay with the body still coming: wait on while
+                // it moves, within the deadline.
+                let limit = self.hold_until(h);
+                if now < limit {
+                    sleep.as_mut().reset(limit);
+                    continue;
+                }
+            }
+            return Slept::Ready(held.take());
+        }
+    }
+
+    /// How long a held retry may still wait for its body, past its delay:
+    /// until the body has been still for [`UPLOAD_IDLE_MAX`], and never
+    /// past the deadline.
+    fn hold_until<ResB>(&self, held: &Held<ResB>) -> Instant {
+        let idle = held.moved + UPLOAD_IDLE_MAX;
+        match self.deadline {
+            Some(deadline) => idle.min(deadline),
+            None => idle,
         }
     }
 
@@ -556,41 +729,24 @@ where
                     }
                 }
                 StateProj::Sleeping {
-                    mut sleep,
+                    sleep,
                     drain,
                     until,
                     held,
                     closing,
                 } => {
-                    if closing.poll_closed(cx) {
-                        // Shut down: no further attempt. The outcome held
-                        // whole is returned as it is; a drained one as a
-                        // `Closed` error carrying its verdict.
-                        let out = match held.take() {
-                            Some(h) => h.outcome,
-                            None => {
-                                // The next attempt was planned, not made.
-                                this.replay.attempt -= 1;
-                                Err(this.replay.closed_error())
-                            }
-                        };
-                        this.state.set(State::Done);
-                        return Poll::Ready(this.replay.finish(out, Some(RetryStop::Closed)));
-                    }
-                    if let Some(d) = drain {
-                        if d.poll_done(cx) {
-                            *drain = None;
+                    let closed = closing.poll_closed(cx);
+                    match this
+                        .replay
+                        .poll_sleep(cx, closed, sleep, drain, *until, held)
+                    {
+                        Slept::Pending => return Poll::Pending,
+                        Slept::Return(out) => {
+                            this.state.set(State::Done);
+                            return Poll::Ready(out);
                         }
+                        Slept::Ready(held) => this.state.set(State::Readying { held }),
                     }
-                    ready!(sleep.as_mut().poll(cx));
-                    // The drain never outlives its window.
-                    *drain = None;
-                    if Instant::now() < *until {
-                        sleep.as_mut().reset(*until);
-                        continue;
-                    }
-                    let held = held.take();
-                    this.state.set(State::Readying { held });
                 }
                 StateProj::Readying { held } => {
                     if let Some(h) = held.take() {

@@ -68,7 +68,9 @@
 //!    any, once the [`ProposedDelay`](crate::ProposedDelay) has passed
 //!    (without a backoff layer below: the Retry-After hint, else no delay);
 //! 5. the [`RetryBudget`] allows it (checked last, so a retry refused for
-//!    another reason costs no budget).
+//!    another reason costs no budget). A retry that then succeeds gives its
+//!    token back ([`RetryBudget::refund`]), so errors the retries absorb
+//!    cost the budget nothing.
 //!
 //! Otherwise the caller gets **the last real outcome, untouched** (the 503
 //! response with its body, or the last error), with [`Attempts`](crate::Attempts)
@@ -89,11 +91,14 @@
 //! rewritten to `Fatal { reason: "body not replayable" }`). A retry never
 //! starts with a body copy that is not known to be sent whole: when the
 //! response came back while a streamed body of unknown length was still
-//! being sent (and could still pass its replay cap), the loop waits out the
-//! delay it would wait anyway, keeping that response (not draining it),
-//! and decides then: the body has ended within its cap (or the attempt
-//! that read it is gone), and the retry goes ahead; or not, and the caller
-//! gets the kept response, the last real outcome, with
+//! being sent (and could still pass its replay cap), the loop keeps that
+//! response (not draining it) and reads the rest of the body into the
+//! replay buffer itself
+//! ([`ReplayableBody::poll_buffer`](crate::body::ReplayableBody::poll_buffer))
+//! while it waits: the body ends within its cap, and the retry goes ahead
+//! once the delay is over; or it passes the cap, or is still coming after
+//! the delay and has not moved for a second (or the deadline comes), and
+//! the caller gets the kept response, the last real outcome, with
 //! `RetryStop::NotReplayable`. See [`crate::replay`].
 //!
 //! A discarded retryable response is **drained** during the backoff sleep

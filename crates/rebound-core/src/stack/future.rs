@@ -24,7 +24,7 @@ use super::body::StackBody;
 use super::Config;
 use crate::annotations::{
     closed_while_waiting, Closing, Deadline, GateWait, Idempotent, LimiterState, PreviousAttempt,
-    Reason, RetryStop, Sent, Verdict,
+    Reason, Sent, Verdict,
 };
 use crate::backoff::propose;
 use crate::body::RetryBody;
@@ -35,7 +35,7 @@ use crate::error::{BoxError, Error, TimeoutStage};
 use crate::gate::{close_after, throttled_named, wait_open, GateMode};
 use crate::limit::AttemptSlot;
 use crate::redact::RequestName;
-use crate::retry::future::{Decision, Drain, Held, Replay, DRAIN_MAX_TIME};
+use crate::retry::future::{Decision, Drain, Held, Replay, Slept, DRAIN_MAX_TIME};
 use crate::shutdown::{closed, Entered};
 use crate::trace::{begin, begin_attempt, AttemptState, RequestState};
 
@@ -143,7 +143,7 @@ enum Admitted {
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Step {
     Gate,
-    Breaker,
+    Adaptive,
     Call,
 }
 
@@ -391,6 +391,17 @@ where
                 req.extensions_mut().insert(Idempotent);
             }
         }
+        // The circuit breaker, right above the retry loop: it admits the
+        // request and counts its final outcome.
+        if let Some(breaker) = &r.cfg.breaker {
+            match breaker.admit(&req) {
+                Ok(track) => r.track = Some(track),
+                Err(err) => {
+                    let out = r.complete(Err(err), Up::Retry);
+                    return (State::Ready { out: Some(out) }, r.deadline);
+                }
+            }
+        }
         let (req, replay) = Replay::prepare(&r.cfg.retry, req, Some(r.deadline));
         r.replay = Some(replay);
         Self::attempt(r, req)
@@ -449,7 +460,7 @@ where
     }
 
     /// The attempt's admission from step `from` on: the closing gate, the
-    /// breaker, the adaptive limit; then the call.
+    /// adaptive limit; then the call.
     fn admit_attempt(r: &mut Req<S, B, C>, req: Request<B>, from: Step) -> Started<S::Future, B> {
         if from == Step::Gate {
             if let Some(gate) = &r.cfg.gate {
@@ -473,7 +484,7 @@ where
                                     wait.await?;
                                     Ok(None)
                                 });
-                                return Started::Waiting(wait, Step::Breaker, req);
+                                return Started::Waiting(wait, Step::Adaptive, req);
                             }
                             GateMode::Wait => {
                                 return Started::Failed(throttled_named(
@@ -486,14 +497,6 @@ where
                             _ => return Started::Failed(throttled_named(&name, until, now, None)),
                         }
                     }
-                }
-            }
-        }
-        if matches!(from, Step::Gate | Step::Breaker) {
-            if let Some(breaker) = &r.cfg.breaker {
-                match breaker.admit(&req) {
-                    Ok(track) => r.track = Some(track),
-                    Err(err) => return Started::Failed(err),
                 }
             }
         }
@@ -548,9 +551,6 @@ where
         }
         if let Some(slot) = r.slot.take() {
             slot.settle(&mut out);
-        }
-        if let Some(track) = r.track.take() {
-            track.settle(&out);
         }
         if let Some(since) = r.attempt_held_since.take() {
             ext_of(&mut out).insert(GateWait(since.elapsed()));
@@ -641,6 +641,9 @@ impl<S, B: RetryBody, C> Req<S, B, C> {
     ) -> Result<Response<StackBody<ResB>>, Error> {
         let mut permit = None;
         if from <= Up::Retry {
+            if let Some(track) = self.track.take() {
+                track.settle(&out);
+            }
             if self.conflicts {
                 if let Ok(res) = &mut out {
                     if let Some(reason) = crate::idempotency::future::conflict_reason(res.status())
@@ -954,40 +957,25 @@ where
                     this.timer.as_mut().reset(until);
                 }
                 StateProj::Sleeping { drain, until, held } => {
+                    let closed = poll_closed_for(&mut r.closing, &r.cfg.shutdown, cx);
                     let replay = r.replay.as_mut().expect("sleeping in a loop");
-                    if poll_closed_for(&mut r.closing, &r.cfg.shutdown, cx) {
-                        // Shut down: no further attempt. The outcome held
-                        // whole is returned as it is; a drained one as a
-                        // `Closed` error carrying its verdict.
-                        let out = match held.take() {
-                            Some(h) => h.outcome,
-                            None => {
-                                // The next attempt was planned, not made.
-                                replay.attempt -= 1;
-                                Err(replay.closed_error())
-                            }
-                        };
-                        let out = replay.finish(out, Some(RetryStop::Closed));
-                        let out = r.complete(out, Up::Retry);
-                        this.state.set(State::Ready { out: Some(out) });
-                        continue;
-                    }
-                    if let Some(d) = drain {
-                        if d.poll_done(cx) {
-                            *drain = None;
+                    let held = match replay.poll_sleep(
+                        cx,
+                        closed,
+                        this.timer.as_mut(),
+                        drain,
+                        *until,
+                        held,
+                    ) {
+                        Slept::Pending => return Poll::Pending,
+                        Slept::Return(out) => {
+                            let out = r.complete(out, Up::Retry);
+                            this.state.set(State::Ready { out: Some(out) });
+                            continue;
                         }
-                    }
-                    if this.timer.as_mut().poll(cx).is_pending() {
-                        return Poll::Pending;
-                    }
-                    // The drain never outlives its window.
-                    *drain = None;
-                    if Instant::now() < *until {
-                        let until = *until;
-                        this.timer.as_mut().reset(until);
-                        continue;
-                    }
-                    if let Some(h) = held.take() {
+                        Slept::Ready(held) => held,
+                    };
+                    if let Some(h) = held {
                         if let Some(out) = replay.resume(h) {
                             let out = r.complete(out, Up::Retry);
                             this.state.set(State::Ready { out: Some(out) });

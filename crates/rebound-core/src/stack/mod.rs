@@ -80,12 +80,12 @@
 //! | logical requests in flight | [`ConcurrencyLimitLayer`] | [`concurrency_limit`](StackLayer::concurrency_limit) (off by default) |
 //! | POST/PATCH get an `Idempotency-Key` | [`IdempotencyKeyLayer`] | [`idempotency_key`](StackLayer::idempotency_key) |
 //! | declared-safe gRPC methods are eligible | [`MarkRetryableLayer`] | [`grpc_retryable`](StackLayer::grpc_retryable) (off by default) |
+//! | per host: fail a request at once while its host is broken (counts requests' final outcomes) | [`CircuitBreakerLayer`] | [`circuit_breaker`](StackLayer::circuit_breaker) |
 //! | the retry loop and its budget | [`RetryLayer`] | [`retry`](StackLayer::retry) |
 //! | one span per attempt | [`AttemptTraceLayer`](crate::trace::AttemptTraceLayer) | with `trace` |
 //! | the time left as `grpc-timeout` | [`PropagateDeadlineLayer`] | [`propagate_deadline`](StackLayer::propagate_deadline) (off by default) |
 //! | the proposed delay | [`BackoffLayer`] | [`backoff`](StackLayer::backoff) |
 //! | close / hold a host's gate | [`RetryAfterGateLayer`] (closing) | [`retry_after_gate`](StackLayer::retry_after_gate) |
-//! | per host: fail at once while broken | [`CircuitBreakerLayer`] | [`circuit_breaker`](StackLayer::circuit_breaker) |
 //! | attempts in flight, shrinking on overload | [`AdaptiveLimitLayer`] | [`adaptive_limit`](StackLayer::adaptive_limit) (off by default) |
 //! | Retry-After / pushback into a hint | [`RetryAfterLayer`] | [`retry_after`](StackLayer::retry_after) |
 //! | each attempt's [`Verdict`](crate::Verdict) | [`ClassifyLayer`](crate::classify::ClassifyLayer) | [`classifier`](StackLayer::classifier) |

@@ -311,6 +311,10 @@ pub(crate) enum ConnKind {
     NeverRead,
     Close,
     Reset,
+    GoAway {
+        last_stream_id: u32,
+        read_first: u64,
+    },
 }
 
 impl ConnectionAction {
@@ -371,6 +375,45 @@ impl ConnectionAction {
     pub fn reset() -> Self {
         ConnectionAction {
             kind: ConnKind::Reset,
+        }
+    }
+
+    /// HTTP/2 (TLS with ALPN `h2`; any other connection is reset at once):
+    /// complete the handshake, read the client's first request `HEADERS`,
+    /// then read nothing more; 100 ms later send a `PING` and a `GOAWAY`
+    /// (`NO_ERROR`) with `last_stream_id` (what a server shutting down
+    /// gracefully ends with), and 50 ms after that reset the connection
+    /// (`SO_LINGER` 0).
+    ///
+    /// With `last_stream_id` 0 the server refuses the request: a stream
+    /// above the last stream id was not processed (RFC 9113 §6.8), and a
+    /// client may send it again on another connection. With the request's
+    /// own stream id (1 on a new connection) it says the request may have
+    /// been processed. Requests on such a connection are not recorded
+    /// (the server never reads them as requests) and do not count in
+    /// [`requests_started`](super::FaultServer::requests_started).
+    ///
+    /// The server raises its flow-control windows to the maximum, so a
+    /// client sending a large body (larger than the socket buffers) is
+    /// held back by TCP only: it is waiting on its write when the `PING`
+    /// and the `GOAWAY` arrive, and the reset then fails that write. (A
+    /// client must still read the `GOAWAY` to learn that its request was
+    /// not processed; hyper's HTTP/2 client does, write blocked or not.)
+    /// See [`go_away_after_body_bytes`](Self::go_away_after_body_bytes) to
+    /// let the body start first.
+    pub fn go_away(last_stream_id: u32) -> Self {
+        Self::go_away_after_body_bytes(last_stream_id, 0)
+    }
+
+    /// [`go_away`](Self::go_away), sent once at least `bytes` bytes of the
+    /// request body (`DATA` payload) have been read after its `HEADERS`:
+    /// the client is sending its body when the `GOAWAY` comes.
+    pub fn go_away_after_body_bytes(last_stream_id: u32, bytes: u64) -> Self {
+        ConnectionAction {
+            kind: ConnKind::GoAway {
+                last_stream_id,
+                read_first: bytes,
+            },
         }
     }
 }

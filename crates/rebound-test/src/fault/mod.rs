@@ -44,7 +44,8 @@
 //! Each accepted connection first takes the next entry of the
 //! [connection queue](FaultServerBuilder::connections) (a
 //! [`ConnectionAction`]: serve, serve some requests then go silent, never
-//! read, hang the TLS handshake, close, reset); once that queue is empty, it gets the
+//! read, hang the TLS handshake, close, reset, or refuse an HTTP/2 request
+//! with a `GOAWAY` ([`ConnectionAction::go_away`]); once that queue is empty, it gets the
 //! [default connection action](FaultServerBuilder::default_connection)
 //! (serve, unless set).
 //!
@@ -110,6 +111,7 @@
 
 mod action;
 mod body;
+mod goaway;
 mod h1;
 mod h2;
 mod recorder;
@@ -314,6 +316,17 @@ async fn connection(tcp: TcpStream, id: u64, action: ConnectionAction, ctx: Ctx)
         ConnKind::Reset => h1::reset(tcp),
         ConnKind::Serve => serve(tcp, id, None, ctx).await,
         ConnKind::ServeThenSilent(n) => serve(tcp, id, Some(n), ctx).await,
+        ConnKind::GoAway {
+            last_stream_id,
+            read_first,
+        } => {
+            let Some(acceptor) = ctx.acceptor else {
+                return h1::reset(tcp);
+            };
+            if let Ok(tls) = acceptor.accept(tcp).await {
+                goaway::serve(tls, last_stream_id, read_first).await;
+            }
+        }
     }
 }
 
