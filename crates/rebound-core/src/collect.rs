@@ -343,7 +343,7 @@ pub mod future {
 
     /// Whether the response to `method` with `status` has no content whatever
     /// its headers say (RFC 9110 §6.4.1): HEAD, 1xx, 204, 304.
-    pub(super) fn has_no_content(method: &Method, status: StatusCode) -> bool {
+    pub(crate) fn has_no_content(method: &Method, status: StatusCode) -> bool {
         method == Method::HEAD
             || status.is_informational()
             || status == StatusCode::NO_CONTENT
@@ -352,7 +352,7 @@ pub mod future {
 
     /// The length the response announces: its `Content-Length`, or else its
     /// body's `size_hint` lower bound. A malformed header announces nothing.
-    pub(super) fn announced_len(headers: &HeaderMap, hint: &SizeHint) -> u64 {
+    pub(crate) fn announced_len(headers: &HeaderMap, hint: &SizeHint) -> u64 {
         let header = headers
             .get(CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
@@ -361,11 +361,11 @@ pub mod future {
         header.max(hint.lower())
     }
 
-    pub(super) fn too_large(detail: &'static str) -> Error {
+    pub(crate) fn too_large(detail: &'static str) -> Error {
         Error::new(ErrorKind::BodyTooLarge).with_detail(detail)
     }
 
-    pub(super) fn body_error(err: BoxError) -> Error {
+    pub(crate) fn body_error(err: BoxError) -> Error {
         let mut err = match err.downcast::<Error>() {
             Ok(err) => *err,
             Err(other) => Error::new(ErrorKind::Body)
@@ -382,7 +382,7 @@ pub mod future {
     /// The body read so far. One chunk is kept as is (no copy); more are
     /// gathered into one buffer.
     #[derive(Default)]
-    pub(super) struct Collecting {
+    pub(crate) struct Collecting {
         first: Option<Bytes>,
         more: Option<BytesMut>,
         len: usize,
@@ -392,14 +392,14 @@ pub mod future {
     }
 
     impl Collecting {
-        pub(super) fn new(hint: usize) -> Self {
+        pub(crate) fn new(hint: usize) -> Self {
             Collecting {
                 hint,
                 ..Collecting::default()
             }
         }
 
-        pub(super) fn push<D: Buf>(
+        pub(crate) fn push<D: Buf>(
             &mut self,
             frame: Frame<D>,
             max_bytes: usize,
@@ -434,7 +434,7 @@ pub mod future {
             Ok(())
         }
 
-        pub(super) fn finish(self) -> CollectedBody {
+        pub(crate) fn finish(self) -> CollectedBody {
             let data = match (self.more, self.first) {
                 (Some(more), _) => more.freeze(),
                 (None, Some(first)) => first,

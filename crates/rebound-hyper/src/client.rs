@@ -209,6 +209,7 @@ pub struct ClientBody {
 enum ClientBodyInner {
     Stack(StackBody<ResponseBody<Incoming>>),
     Layered(LayeredBody),
+    LayeredCollected(CollectingBody),
 }
 
 /// The layered stack's response body.
@@ -227,12 +228,23 @@ impl ClientBody {
         }
     }
 
+    fn layered_collected(body: CollectingBody) -> Self {
+        ClientBody {
+            inner: ClientBodyInner::LayeredCollected(body),
+        }
+    }
+
     /// The transport's body inside (for a reconcile check's response, which
     /// the request being reconciled wraps again).
     fn into_transport(self) -> ResponseBody<Incoming> {
         match self.inner {
-            ClientBodyInner::Stack(b) => b.into_inner(),
+            // Only the JSON helpers read a body inside the attempt, and
+            // they never hand a response out.
+            ClientBodyInner::Stack(b) => b
+                .into_inner()
+                .unwrap_or_else(|| unreachable!("a streamed response")),
             ClientBodyInner::Layered(b) => b.into_inner().into_inner().into_inner(),
+            ClientBodyInner::LayeredCollected(_) => unreachable!("a streamed response"),
         }
     }
 }
@@ -242,6 +254,7 @@ impl fmt::Debug for ClientBody {
         match &self.inner {
             ClientBodyInner::Stack(b) => b.fmt(f),
             ClientBodyInner::Layered(b) => b.fmt(f),
+            ClientBodyInner::LayeredCollected(b) => b.fmt(f),
         }
     }
 }
@@ -258,6 +271,7 @@ impl http_body::Body for ClientBody {
         match &mut self.get_mut().inner {
             ClientBodyInner::Stack(b) => Pin::new(b).poll_frame(cx),
             ClientBodyInner::Layered(b) => Pin::new(b).poll_frame(cx),
+            ClientBodyInner::LayeredCollected(b) => Pin::new(b).poll_frame(cx),
         }
     }
 
@@ -265,6 +279,7 @@ impl http_body::Body for ClientBody {
         match &self.inner {
             ClientBodyInner::Stack(b) => b.is_end_stream(),
             ClientBodyInner::Layered(b) => b.is_end_stream(),
+            ClientBodyInner::LayeredCollected(b) => b.is_end_stream(),
         }
     }
 
@@ -272,6 +287,7 @@ impl http_body::Body for ClientBody {
         match &self.inner {
             ClientBodyInner::Stack(b) => b.size_hint(),
             ClientBodyInner::Layered(b) => b.size_hint(),
+            ClientBodyInner::LayeredCollected(b) => b.size_hint(),
         }
     }
 }
@@ -367,7 +383,7 @@ pub(crate) type CollectingBody = TraceBody<DeadlineBody<LimitBody<CollectedBody>
 /// classifier (the collecting part adds a generic level), all shared (see
 /// [`SharedStack`]: the JSON helpers clone this stack for every call, the
 /// retry layer the attempt part for every request).
-pub(crate) type CollectingStack = SharedStack<Response<CollectingBody>>;
+pub(crate) type CollectingStack = SharedStack<Response<ClientBody>>;
 
 /// The per-attempt part of the collecting stack, erased likewise.
 type CollectingAttemptStack = SharedStack<Response<CollectedBody>>;
@@ -409,6 +425,52 @@ impl<R> Service<OperationId> for SharedCheck<R> {
 
     fn call(&mut self, id: OperationId) -> Self::Future {
         (self.call)(id)
+    }
+}
+
+/// The client's path on the whole stack, erased once: each call clones the
+/// stack (two reference counts: its configuration and the transport) and
+/// drives it in one boxed future. The stack's readiness is the
+/// transport's, which is always ready.
+fn on_stack<C>(
+    stack: rebound_core::stack::Stack<HyperTransport<C>, AnyClassifier>,
+    collect: Option<usize>,
+) -> SharedStack<Response<ClientBody>>
+where
+    C: Clone + Send + Sync + 'static,
+    Connector<C>: Connect + Clone + Send + Sync + 'static,
+{
+    SharedStack {
+        call: Arc::new(move |req| {
+            let mut stack = stack.clone();
+            let fut = match collect {
+                None => stack.call(req),
+                Some(max) => stack.collect(req, max),
+            };
+            Box::pin(IntoClientBody { fut })
+        }),
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The stack's response, its body made a [`ClientBody`].
+    struct IntoClientBody<F> {
+        #[pin]
+        fut: F,
+    }
+}
+
+impl<F> Future for IntoClientBody<F>
+where
+    F: Future<Output = Result<Response<StackBody<ResponseBody<Incoming>>>, Error>>,
+{
+    type Output = Result<Response<ClientBody>, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.project()
+            .fut
+            .poll(cx)
+            .map(|out| out.map(|res| res.map(ClientBody::stack)))
     }
 }
 
@@ -1335,39 +1397,13 @@ impl ClientBuilder {
                 .retry_after(retry_after.clone())
                 .attempt_timeout(attempt)
                 .classifier(classifier)
-                .layer(transport.clone());
-            let stack = tower::util::MapResponse::new(
-                stack,
-                |res: Response<StackBody<ResponseBody<Incoming>>>| res.map(ClientBody::stack),
-            );
-            fn typed<S: Service<Request<Body>>>(s: S) -> S {
-                s
-            }
-            let stack = typed(stack);
-            let collected = CollectingAttemptStack::new(
-                CollectBodyLayer::new()
-                    .max_bytes(self.max_response_body)
-                    .layer(attempt.layer(transport)),
-            );
-            let collecting_attempts = CollectingAttemptStack::new(trace.attempt_layer().layer(
-                propagate.layer(backoff.layer(
-                    gate.layer(adaptive.layer(retry_after.layer(classify.layer(collected)))),
-                )),
-            ));
-            let closes = ShutdownLayer::new(&shutdown);
-            let collecting =
-                trace.layer(
-                    closes.layer(CancelLayer::new().layer(deadline.layer(hold.layer(
-                        concurrency.layer(idempotency.layer(fallback.layer(mark.layer(
-                            breaker.layer(retry.layer(
-                                hedge.layer(collecting_reconcile.layer(collecting_attempts)),
-                            )),
-                        )))),
-                    )))),
-                );
+                .layer(transport);
+            let max = self.max_response_body;
             return Ok(Client {
-                inner: Stack::new(stack),
-                collecting: CollectingStack::new(collecting),
+                inner: on_stack(stack.clone(), None),
+                // The JSON helpers: the same stack, the body read inside
+                // the attempt.
+                collecting: on_stack(stack, Some(max)),
                 replay_cap: self.replay_cap,
                 path: trace.path_redaction().clone(),
                 shutdown,
@@ -1415,6 +1451,8 @@ impl ClientBuilder {
                 ))))),
             ),
         ))));
+        let collecting = collecting
+            .map_response(|res: Response<CollectingBody>| res.map(ClientBody::layered_collected));
         Ok(Client {
             inner: Stack::new(stack),
             collecting: CollectingStack::new(collecting),

@@ -6,18 +6,84 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
+use bytes::{Buf, Bytes};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::{Instant, Sleep};
 
+use crate::collect::CollectedBody;
 use crate::error::{BoxError, Error, TimeoutStage};
 use crate::redact::RequestName;
 use crate::trace::{BodyWatch, Config as TraceConfig};
 
 pin_project! {
+    /// What an attempt's response carries on the stack's path: the
+    /// transport's body as it streams in, or (a request that asked for its
+    /// body to be read inside the attempt) that body already read.
+    #[project = PayloadProj]
+    pub(crate) enum Payload<B> {
+        Stream {
+            #[pin]
+            body: B,
+        },
+        Collected {
+            body: CollectedBody,
+        },
+    }
+}
+
+impl<B> Payload<B> {
+    pub(crate) fn stream(body: B) -> Self {
+        Payload::Stream { body }
+    }
+}
+
+impl<B> Body for Payload<B>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
+        match self.project() {
+            PayloadProj::Stream { body } => body.poll_frame(cx).map(|frame| {
+                frame.map(|frame| match frame {
+                    // `Bytes` into `Bytes` moves; another `Buf` is copied.
+                    Ok(frame) => Ok(frame.map_data(|mut d| d.copy_to_bytes(d.remaining()))),
+                    Err(e) => Err(Error::from_boxed(e.into())),
+                })
+            }),
+            PayloadProj::Collected { body } => Pin::new(body)
+                .poll_frame(cx)
+                .map(|frame| frame.map(|frame| frame.map_err(|never| match never {}))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Payload::Stream { body } => body.is_end_stream(),
+            Payload::Collected { body } => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Payload::Stream { body } => body.size_hint(),
+            Payload::Collected { body } => body.size_hint(),
+        }
+    }
+}
+
+pin_project! {
     /// The response body of a [`Stack`](super::Stack): the inner body,
-    /// frame for frame, under the three things the stacked layers' bodies
+    /// frame for frame (its data as [`Bytes`]), or the body already read
+    /// for a request that asked for it ([`Stack::collect`](super::Stack::collect)), under the three things the stacked layers' bodies
     /// did one wrapper each:
     ///
     /// * the **concurrency permit** is held until the body ends (its end of
@@ -37,7 +103,7 @@ pin_project! {
     /// The inner body's errors, as [`Error`]s naming the request.
     pub struct StackBody<B> {
         #[pin]
-        inner: B,
+        inner: Payload<B>,
         deadline: Instant,
         sleep: Option<Pin<Box<Sleep>>>,
         permit: Option<OwnedSemaphorePermit>,
@@ -49,9 +115,13 @@ pin_project! {
     }
 }
 
-impl<B: Body> StackBody<B> {
+impl<B> StackBody<B>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
     pub(crate) fn new(
-        inner: B,
+        inner: Payload<B>,
         deadline: Instant,
         permit: Option<OwnedSemaphorePermit>,
         watch: Option<BodyWatch>,
@@ -82,15 +152,22 @@ impl<B> StackBody<B> {
         self.deadline
     }
 
-    /// The inner body.
-    pub fn get_ref(&self) -> &B {
-        &self.inner
+    /// The inner body, unless it was read inside the attempt.
+    pub fn get_ref(&self) -> Option<&B> {
+        match &self.inner {
+            Payload::Stream { body } => Some(body),
+            Payload::Collected { .. } => None,
+        }
     }
 
-    /// Unwrap the inner body: the permit goes back, and neither the
-    /// deadline nor the failure log applies any more.
-    pub fn into_inner(self) -> B {
-        self.inner
+    /// Unwrap the inner body (the permit goes back, and neither the
+    /// deadline nor the failure log applies any more); `None` for a body
+    /// read inside the attempt.
+    pub fn into_inner(self) -> Option<B> {
+        match self.inner {
+            Payload::Stream { body } => Some(body),
+            Payload::Collected { .. } => None,
+        }
     }
 }
 
@@ -109,7 +186,7 @@ where
     B: Body,
     B::Error: Into<BoxError>,
 {
-    type Data = B::Data;
+    type Data = Bytes;
     type Error = Error;
 
     fn poll_frame(
@@ -127,7 +204,7 @@ where
             Some(Err(Error::timeout(TimeoutStage::Deadline)))
         } else {
             match this.inner.as_mut().poll_frame(cx) {
-                Poll::Ready(frame) => frame.map(|f| f.map_err(|e| Error::from_boxed(e.into()))),
+                Poll::Ready(frame) => frame,
                 Poll::Pending => {
                     // Waiting on the inner body: arm the timer, so that the
                     // deadline wakes this task.

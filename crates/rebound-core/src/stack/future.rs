@@ -20,7 +20,7 @@ use tokio::time::{sleep_until, Instant, Sleep};
 use tokio_util::sync::WaitForCancellationFutureOwned;
 use tower_service::Service;
 
-use super::body::StackBody;
+use super::body::{Payload, StackBody};
 use super::Config;
 use crate::annotations::{
     closed_while_waiting, Closing, Deadline, GateWait, Idempotent, LimiterState, PreviousAttempt,
@@ -31,6 +31,7 @@ use crate::body::RetryBody;
 use crate::breaker::future::Track;
 use crate::cancel::{cancelled_error, Cancel};
 use crate::classify::Classifier;
+use crate::collect::future::{announced_len, body_error, has_no_content, too_large, Collecting};
 use crate::error::{BoxError, Error, TimeoutStage};
 use crate::gate::{close_after, throttled_named, wait_open, GateMode};
 use crate::limit::AttemptSlot;
@@ -110,11 +111,19 @@ pin_project! {
         },
         // Waiting for the inner service to be ready for the next attempt.
         Readying,
+        // A response head in: its body read inside the attempt, for a
+        // request that asked for it.
+        Collecting {
+            #[pin]
+            body: ResB,
+            parts: Option<http::response::Parts>,
+            buf: Collecting,
+        },
         // Waiting before the next attempt (see the retry loop).
         Sleeping {
-            drain: Option<Drain<ResB>>,
+            drain: Option<Drain<Payload<ResB>>>,
             until: Instant,
-            held: Option<Held<ResB>>,
+            held: Option<Held<Payload<ResB>>>,
         },
         // The outcome, already complete.
         Ready {
@@ -153,6 +162,9 @@ enum Step {
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum From {
     Transport,
+    /// The body read inside the attempt (classified, as the transport's
+    /// outcome is).
+    Collect,
     Admission,
 }
 
@@ -186,6 +198,8 @@ struct Req<S, B: RetryBody, C> {
     conflicts: bool,
     // A shutdown's "stop waiting", while the request waits.
     closing: Option<ClosedFuture>,
+    // Read the response body inside the attempt, up to this many bytes.
+    collect: Option<usize>,
 }
 
 impl<S, B: RetryBody, C> Req<S, B, C> {
@@ -222,11 +236,17 @@ where
     S::Error: Into<BoxError>,
     B: RetryBody,
     ResB: Body,
+    ResB::Error: Into<BoxError>,
     C: Classifier<ResB>,
 {
     /// The request path down to the first attempt's call, as the stacked
     /// layers' `call`s run it.
-    pub(super) fn start(cfg: Arc<Config<C>>, svc: S, mut req: Request<B>) -> Self {
+    pub(super) fn start(
+        cfg: Arc<Config<C>>,
+        svc: S,
+        mut req: Request<B>,
+        collect: Option<usize>,
+    ) -> Self {
         // Trace: the request span, deny-listed headers marked sensitive.
         let trace = begin(cfg.trace.config(), &mut req);
         let span = trace.span.clone();
@@ -253,6 +273,7 @@ where
             previous_delay: None,
             conflicts: false,
             closing: None,
+            collect,
         };
         let mut cut = None;
         let early = Self::admit(&mut r, &mut cut, now, ours, req);
@@ -526,8 +547,10 @@ where
     }
 
     /// An attempt's outcome judged on its way up through the attempt's
-    /// layers (classify, Retry-After, adaptive limit, breaker, gate,
-    /// backoff, attempt trace), then the retry loop's decision.
+    /// layers (classify, Retry-After, adaptive limit, gate, backoff,
+    /// attempt trace), then the retry loop's decision. A response head
+    /// whose body the request asked to read inside the attempt goes on to
+    /// that read first.
     fn judged(
         r: &mut Req<S, B, C>,
         mut out: Result<Response<ResB>, Error>,
@@ -547,6 +570,57 @@ where
                     );
                     Response::from_parts(parts, body)
                 });
+            } else if let (Some(max), Ok(_)) = (r.collect, &out) {
+                let Ok(res) = out else {
+                    unreachable!("matched Ok")
+                };
+                let (parts, body) = res.into_parts();
+                let method = r.replay.as_ref().and_then(Replay::name).map(|(m, _)| m);
+                let announced = if method.is_some_and(|m| has_no_content(m, parts.status)) {
+                    // Its Content-Length describes a body that is not sent.
+                    body.size_hint().lower()
+                } else {
+                    announced_len(&parts.headers, &body.size_hint())
+                };
+                if announced > max as u64 {
+                    // Refused at once: dropping the body reads nothing more.
+                    let err = r.named(too_large("content-length is over the cap"));
+                    return Self::judged_on(r, Err(err), From::Collect);
+                }
+                let buf = Collecting::new(announced.min(max as u64) as usize);
+                return (
+                    State::Collecting {
+                        body,
+                        parts: Some(parts),
+                        buf,
+                    },
+                    r.deadline,
+                );
+            }
+            // Already judged by the classifier.
+            return Self::judged_on(r, out.map(|res| res.map(Payload::stream)), From::Admission);
+        }
+        Self::judged_on(r, out.map(|res| res.map(Payload::stream)), from)
+    }
+
+    /// [`judged`](Self::judged), from the adaptive limit up. An error from
+    /// the body read inside the attempt is classified first.
+    fn judged_on(
+        r: &mut Req<S, B, C>,
+        mut out: Result<Response<Payload<ResB>>, Error>,
+        from: From,
+    ) -> (State<S::Future, B, ResB>, Instant) {
+        if from == From::Collect {
+            if let Err(err) = out {
+                let raw: Result<Response<ResB>, Error> = Err(err);
+                let verdict = r.cfg.classifier.classify(&raw);
+                let Err(mut err) = raw else {
+                    unreachable!("an error")
+                };
+                if !verdict.is_success() {
+                    err.extensions_mut().insert(verdict);
+                }
+                out = Err(err);
             }
         }
         if let Some(slot) = r.slot.take() {
@@ -634,11 +708,15 @@ enum Up {
 impl<S, B: RetryBody, C> Req<S, B, C> {
     /// The outcome on its way up through the request-level layers, from
     /// `from` on, to what the caller gets.
-    fn complete<ResB: Body>(
+    fn complete<ResB>(
         &mut self,
-        mut out: Result<Response<ResB>, Error>,
+        mut out: Result<Response<Payload<ResB>>, Error>,
         from: Up,
-    ) -> Result<Response<StackBody<ResB>>, Error> {
+    ) -> Result<Response<StackBody<ResB>>, Error>
+    where
+        ResB: Body,
+        ResB::Error: Into<BoxError>,
+    {
         let mut permit = None;
         if from <= Up::Retry {
             if let Some(track) = self.track.take() {
@@ -691,6 +769,14 @@ impl<S, B: RetryBody, C> Req<S, B, C> {
     fn request_name(&self) -> Option<RequestName> {
         self.name()
     }
+
+    /// `err`, named with the request.
+    fn named(&self, err: Error) -> Error {
+        match self.replay.as_ref().and_then(Replay::name) {
+            Some((m, u)) => err.with_request(m, u),
+            None => err,
+        }
+    }
 }
 
 fn cut_error(name: Option<&RequestName>) -> Error {
@@ -729,6 +815,7 @@ where
             State::Admitting { .. } => "admitting",
             State::Holding { .. } => "holding",
             State::Calling { .. } => "calling",
+            State::Collecting { .. } => "collecting",
             State::Readying => "readying",
             State::Sleeping { .. } => "sleeping",
             State::Ready { .. } => "ready",
@@ -748,6 +835,7 @@ where
     S::Error: Into<BoxError>,
     B: RetryBody,
     ResB: Body,
+    ResB::Error: Into<BoxError>,
     C: Classifier<ResB>,
 {
     type Output = Result<Response<StackBody<ResB>>, Error>;
@@ -773,7 +861,7 @@ where
                 if let Some(entered) = r.entered.take() {
                     entered.end();
                 }
-                let mut out: Result<Response<ResB>, Error> = Err(cut_error(name.as_ref()));
+                let mut out: Result<Response<Payload<ResB>>, Error> = Err(cut_error(name.as_ref()));
                 if let Some(trace) = r.trace.take() {
                     trace.finish(&mut out);
                 }
@@ -953,6 +1041,43 @@ where
                     };
                     drop(entered);
                     let (state, until) = Self::judged(r, out, From::Transport);
+                    this.state.set(state);
+                    this.timer.as_mut().reset(until);
+                }
+                StateProj::Collecting {
+                    mut body,
+                    parts,
+                    buf,
+                } => {
+                    let max = r.collect.unwrap_or(usize::MAX);
+                    // Bounded by the cap: every data frame adds to the
+                    // buffer's length or is empty.
+                    let done = loop {
+                        let frame = match body.as_mut().poll_frame(cx) {
+                            Poll::Ready(frame) => frame,
+                            Poll::Pending => {
+                                if this.timer.as_mut().poll(cx).is_pending() {
+                                    return Poll::Pending;
+                                }
+                                break Err(Error::timeout(TimeoutStage::Deadline));
+                            }
+                        };
+                        match frame {
+                            None => {
+                                let parts = parts.take().expect("polled after completion");
+                                let body = std::mem::take(buf).finish();
+                                break Ok(Response::from_parts(parts, Payload::Collected { body }));
+                            }
+                            Some(Err(err)) => break Err(body_error(err.into())),
+                            Some(Ok(frame)) => {
+                                if let Err(err) = buf.push(frame, max) {
+                                    break Err(err);
+                                }
+                            }
+                        }
+                    };
+                    let done = done.map_err(|err| r.named(err));
+                    let (state, until) = Self::judged_on(r, done, From::Collect);
                     this.state.set(state);
                     this.timer.as_mut().reset(until);
                 }

@@ -450,12 +450,45 @@ impl<S, C> Stack<S, C> {
     }
 }
 
+impl<S, C> Stack<S, C> {
+    /// [`call`](Service::call), with the response body **read inside the
+    /// attempt**, up to `max_bytes`: a body cut short (a reset, a
+    /// truncation, an idle or rate timeout of the transport's body) is then
+    /// the attempt's failure, classified and retried like any other, as
+    /// [`CollectBodyLayer`](crate::collect::CollectBodyLayer) below the
+    /// classify layer makes it. The head timer covers the time to the head
+    /// as for any attempt; the body read is bounded by the deadline. Only a
+    /// response the classifier judged a success is read; its body is then
+    /// in memory ([`StackBody`] yields it at once). A `Content-Length` (or
+    /// size hint) over `max_bytes` fails the attempt at once with
+    /// [`ErrorKind::BodyTooLarge`](crate::ErrorKind::BodyTooLarge), as does
+    /// a body that passes it.
+    pub fn collect<B, ResB>(
+        &mut self,
+        req: Request<B>,
+        max_bytes: usize,
+    ) -> future::ResponseFuture<S, B, ResB, C>
+    where
+        S: Service<Request<B>, Response = Response<ResB>> + Clone,
+        S::Error: Into<BoxError>,
+        B: RetryBody,
+        ResB: http_body::Body,
+        ResB::Error: Into<BoxError>,
+        C: Classifier<ResB>,
+    {
+        let clone = self.inner.clone();
+        let svc = mem::replace(&mut self.inner, clone);
+        future::ResponseFuture::start(Arc::clone(&self.cfg), svc, req, Some(max_bytes))
+    }
+}
+
 impl<S, B, ResB, C> Service<Request<B>> for Stack<S, C>
 where
     S: Service<Request<B>, Response = Response<ResB>> + Clone,
     S::Error: Into<BoxError>,
     B: RetryBody,
     ResB: http_body::Body,
+    ResB::Error: Into<BoxError>,
     C: Classifier<ResB>,
 {
     type Response = Response<StackBody<ResB>>;
@@ -473,6 +506,6 @@ where
         // that must be made ready again.
         let clone = self.inner.clone();
         let svc = mem::replace(&mut self.inner, clone);
-        future::ResponseFuture::start(Arc::clone(&self.cfg), svc, req)
+        future::ResponseFuture::start(Arc::clone(&self.cfg), svc, req, None)
     }
 }
