@@ -180,6 +180,103 @@ async fn pushback_sets_the_delay_and_negative_stops() {
     .await
 }
 
+/// A server that answers every call UNAVAILABLE (retryable) with
+/// `grpc-retry-pushback-ms: value`: how many calls reach it.
+async fn calls_with_pushback(value: &str) -> (usize, tonic::Status) {
+    let value = value.to_owned();
+    let server = GrpcServer::start(move |_, _| Reply::Status {
+        code: tonic::Code::Unavailable,
+        metadata: vec![("grpc-retry-pushback-ms", value.clone())],
+    })
+    .await
+    .unwrap();
+    let mut c = client(
+        channel(server.uri()),
+        GrpcClassifier::default(),
+        Duration::from_secs(10),
+    );
+    let status = c.unary(SAY, Bytes::new()).await.unwrap_err();
+    (server.calls_to(SAY).len(), status)
+}
+
+#[tokio::test]
+async fn a_malformed_pushback_is_not_retried() {
+    within(async {
+        // gRFC A6: "If the value for pushback is negative or unparseble,
+        // then it will be seen as the server asking the client not to
+        // retry at all."
+        for bad in ["abc", "", "1.5", "+5", " 5", "5, 6", "99999999999999999999"] {
+            let (calls, status) = calls_with_pushback(bad).await;
+            assert_eq!(calls, 1, "pushback {bad:?}: the server saw {calls} calls");
+            // The caller gets the server's own status, and why it stopped.
+            assert_eq!(status.code(), tonic::Code::Unavailable, "{bad:?}");
+            assert_eq!(
+                status.metadata().get("rebound-retry-stop").unwrap(),
+                "fatal",
+                "{bad:?}"
+            );
+        }
+        // Control: a valid pushback is retried (4 attempts, 10 ms apart).
+        let (calls, status) = calls_with_pushback("10").await;
+        assert_eq!(calls, 4, "a valid pushback retries");
+        assert_eq!(status.code(), tonic::Code::Unavailable);
+    })
+    .await
+}
+
+/// A raw HTTP/2 server answering every call Trailers-Only UNAVAILABLE with
+/// two `grpc-retry-pushback-ms` header lines (tonic's `Status` metadata
+/// keeps one value per key, so the scripted server cannot send this).
+async fn two_pushback_lines() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&calls);
+    tokio::spawn(async move {
+        while let Ok((io, _)) = listener.accept().await {
+            let seen = Arc::clone(&seen);
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(
+                    move |_req: http::Request<hyper::body::Incoming>| {
+                        seen.fetch_add(1, Ordering::SeqCst);
+                        let res = http::Response::builder()
+                            .header("content-type", "application/grpc")
+                            .header("grpc-status", "14")
+                            .header("grpc-retry-pushback-ms", "10")
+                            .header("grpc-retry-pushback-ms", "20")
+                            .body(http_body_util::Empty::<Bytes>::new())
+                            .unwrap();
+                        async move { Ok::<_, std::convert::Infallible>(res) }
+                    },
+                );
+                let _ =
+                    hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                        .serve_connection(hyper_util::rt::TokioIo::new(io), svc)
+                        .await;
+            });
+        }
+    });
+    (format!("http://{addr}"), calls)
+}
+
+#[tokio::test]
+async fn a_pushback_sent_twice_is_not_retried() {
+    within(async {
+        let (uri, calls) = two_pushback_lines().await;
+        let mut c = client(
+            channel(uri),
+            GrpcClassifier::default(),
+            Duration::from_secs(10),
+        );
+        let status = c.unary(SAY, Bytes::new()).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+    })
+    .await
+}
+
 #[tokio::test]
 async fn a_deadline_ends_a_slow_call_as_deadline_exceeded() {
     within(async {
