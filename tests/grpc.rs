@@ -340,6 +340,35 @@ async fn a_callers_longer_grpc_timeout_is_lowered_to_the_time_left() {
 }
 
 #[tokio::test]
+async fn a_grpc_timeout_set_twice_is_sent_once_at_the_smaller_value() {
+    within(async {
+        let server = GrpcServer::start(|_, _| Reply::ok("ok")).await.unwrap();
+        let mut c = client(
+            channel(server.uri()),
+            GrpcClassifier::default(),
+            Duration::from_secs(10),
+        );
+        for order in [["100H", "300m"], ["300m", "100H"]] {
+            let mut req = tonic::Request::new(Bytes::new());
+            for t in order {
+                req.metadata_mut()
+                    .append("grpc-timeout", t.parse().unwrap());
+            }
+            c.unary_request(SAY, req).await.unwrap();
+        }
+        let calls = server.calls_to(SAY);
+        assert_eq!(calls.len(), 2);
+        for (call, order) in calls.iter().zip(["100H then 300m", "300m then 100H"]) {
+            let sent: Vec<_> = call.headers.get_all("grpc-timeout").iter().collect();
+            assert_eq!(sent.len(), 1, "{order}: {sent:?}");
+            let sent = parse_grpc_timeout(sent[0]).unwrap();
+            assert!(sent <= Duration::from_millis(300), "{order}: {sent:?}");
+        }
+    })
+    .await
+}
+
+#[tokio::test]
 async fn a_message_over_the_replay_cap_is_sent_once() {
     within(async {
         let server = GrpcServer::start(|_, _| Reply::status(tonic::Code::Unavailable))

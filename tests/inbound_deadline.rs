@@ -49,11 +49,17 @@ async fn gateway(downstream: String) -> String {
 }
 
 async fn ask(url: &str, grpc_timeout: &str) -> (StatusCode, String, Duration) {
+    ask_with(url, &[grpc_timeout]).await
+}
+
+/// Ask with one `grpc-timeout` header line per value, in this order.
+async fn ask_with(url: &str, grpc_timeouts: &[&str]) -> (StatusCode, String, Duration) {
     let caller = Client::builder().max_attempts(1).build().unwrap();
-    let req = Request::get(url)
-        .header("grpc-timeout", grpc_timeout)
-        .body(Body::empty())
-        .unwrap();
+    let mut req = Request::get(url);
+    for t in grpc_timeouts {
+        req = req.header("grpc-timeout", *t);
+    }
+    let req = req.body(Body::empty()).unwrap();
     let start = Instant::now();
     let res = caller.send(req).await.unwrap();
     let status = res.status();
@@ -118,6 +124,38 @@ async fn a_malformed_inbound_grpc_timeout_is_ignored() {
         assert_eq!(seen.len(), 1);
         let budget: u64 = seen[0].header("x-budget-ms").unwrap().parse().unwrap();
         assert!(budget > 5_000, "{budget}");
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn of_two_inbound_grpc_timeouts_the_smaller_wins() {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let downstream = FaultServer::builder()
+            .default(Action::never_respond())
+            .start()
+            .await;
+        let url = gateway(downstream.url("/hang")).await;
+        for order in [["100H", "500m"], ["500m", "100H"]] {
+            // Were the 100 hours to win, the handler's call would run on
+            // the client's own 10 s: 3 s of patience tells the two apart on
+            // any machine.
+            let (status, text, _) =
+                tokio::time::timeout(Duration::from_secs(3), ask_with(&url, &order))
+                    .await
+                    .unwrap_or_else(|_| panic!("{order:?}: the 500 ms deadline did not apply"));
+            assert_eq!(status, StatusCode::GATEWAY_TIMEOUT, "{order:?}: {text}");
+            let (stage, ms) = text.split_once(' ').unwrap();
+            assert_eq!(stage, "deadline", "{order:?}");
+            let ms: u64 = ms.parse().unwrap();
+            assert!(ms <= 3_000, "{order:?}: the outbound call took {ms} ms");
+        }
+        // What the downstream was told is never more than the smaller value.
+        for r in downstream.requests_to("/hang") {
+            let budget: u64 = r.header("x-budget-ms").unwrap().parse().unwrap();
+            assert!(budget <= 500, "{budget}");
+        }
     })
     .await
     .unwrap();
