@@ -22,12 +22,15 @@ use tokio::time::Instant;
 
 // ===== the client's configuration: short, so the matrix takes seconds =====
 
-/// The total deadline of every call: room for three headers timeouts.
-pub const TOTAL: Duration = Duration::from_secs(3);
-/// Per attempt, to the response head: three times the connect and TLS
+/// The total deadline of every call: room for three headers timeouts, and
+/// 2 s to spare.
+pub const TOTAL: Duration = Duration::from_secs(5);
+/// Per attempt, to the response head: five times the connect and TLS
 /// timeouts, so that on a loaded machine a hung handshake still ends at its
-/// own stage, not at the attempt's.
-pub const ATTEMPT: Duration = Duration::from_millis(600);
+/// own stage, not at the attempt's. (Three times was not enough: beside
+/// four busy loops on 2 cores, load average ~12, timers fired ~250 ms late
+/// and one TLS hang ended as a headers timeout at 661 ms.)
+pub const ATTEMPT: Duration = Duration::from_millis(1000);
 /// TCP connect.
 pub const CONNECT: Duration = Duration::from_millis(200);
 /// TLS handshake.
@@ -37,7 +40,7 @@ pub const TLS: Duration = Duration::from_millis(200);
 pub const BODY_IDLE: Duration = Duration::from_millis(400);
 /// The minimum body rate: 1000 B/s over windows of 200 ms, judged after a
 /// grace of 1 s, so it first judges at 1.2 s — three times the idle timeout
-/// that catches a stall (400 ms), well before the deadline (3 s).
+/// that catches a stall (400 ms), well before the deadline (5 s).
 pub fn min_body_rate() -> MinBodyRate {
     MinBodyRate::new(1000, Duration::from_millis(200)).grace(Duration::from_secs(1))
 }

@@ -56,10 +56,18 @@
 //!   linkerd do. [`OverCap::FailFast`] gives up instead: the outcome becomes
 //!   `Fatal` (`retry-after over cap`), its hint kept at the cap so that a
 //!   Retry-After gate still closes.
-//! * `grpc-retry-pushback-ms` (on any non-success response): a non-negative
-//!   number of milliseconds is a hint (capped the same way); a negative value
-//!   means "do not retry" and rewrites the verdict to
-//!   `Fatal { reason: "server pushback: do not retry" }`.
+//! * `grpc-retry-pushback-ms` (on any non-success response), after
+//!   [gRFC A6](https://github.com/grpc/proposal/blob/master/A6-client-retries.md#pushback):
+//!   "an ASCII encoded signed 32-bit integer ... If the value for pushback
+//!   is negative or unparseble, then it will be seen as the server asking
+//!   the client not to retry at all." A non-negative number of milliseconds
+//!   is a hint (capped the same way, and it wins over `Retry-After`); a
+//!   negative value rewrites the verdict to
+//!   `Fatal { reason: "server pushback: do not retry" }`; a malformed one
+//!   (not an optional `-` and ASCII digits: `abc`, empty, `1.5`, `+5`,
+//!   ` 5`, a number outside `i32`, or several values) to
+//!   `Fatal { reason: "server pushback malformed: do not retry" }`, with a
+//!   DEBUG event that does not carry the value. See [`parse_grpc_pushback`].
 //!
 //! The HTTP-date branch needs the wall clock. The pure functions
 //! ([`parse_retry_after`], [`retry_after_hint`]) take `now` as an argument;
@@ -81,7 +89,8 @@ use tower_service::Service;
 use crate::annotations::{Reason, RetryAfterHint, Verdict};
 use crate::error::{BoxError, Error};
 
-/// The gRPC pushback header (milliseconds; negative means "do not retry").
+/// The gRPC pushback header (milliseconds; negative or malformed means "do not
+/// retry").
 pub const GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
 
 /// The default cap on a server-given delay: 60 s.
@@ -140,17 +149,79 @@ pub enum Pushback {
     After(Duration),
     /// Do not retry (a negative value).
     DoNotRetry,
+    /// Do not retry: the value is not a signed 32-bit decimal integer, or
+    /// the header came more than once (gRFC A6: "negative or unparseble").
+    Malformed,
 }
 
-/// Parse `grpc-retry-pushback-ms` from `headers`; `None` when absent or
-/// malformed.
+impl Pushback {
+    /// Whether the server asked not to retry ([`DoNotRetry`](Self::DoNotRetry)
+    /// or [`Malformed`](Self::Malformed)).
+    pub fn is_do_not_retry(self) -> bool {
+        !matches!(self, Pushback::After(_))
+    }
+}
+
+/// Parse `grpc-retry-pushback-ms` from `headers`; `None` when absent.
+///
+/// gRFC A6 (§ Pushback): the value is "an ASCII encoded signed 32-bit
+/// integer ... that represents how many milliseconds to wait before sending
+/// a retry. If the value for pushback is negative or unparseble, then it
+/// will be seen as the server asking the client not to retry at all." So:
+///
+/// * an optional `-` and 1 or more ASCII digits, within `i32`: a negative
+///   value is [`Pushback::DoNotRetry`], any other is [`Pushback::After`]
+///   (leading zeros are accepted, as gRPC's own clients accept them);
+/// * anything else is [`Pushback::Malformed`], which also means "do not
+///   retry": empty, `abc`, `1.5`, `+5`, ` 5` (no trimming), a number that
+///   does not fit in an `i32`, bytes that are not ASCII, or the header more
+///   than once (two header lines or `5, 6`).
+///
+/// Never panics.
+///
+/// ```
+/// use std::time::Duration;
+/// use http::HeaderMap;
+/// use rebound_core::retry_after::{parse_grpc_pushback, Pushback};
+///
+/// let mut h = HeaderMap::new();
+/// assert_eq!(parse_grpc_pushback(&h), None);
+/// h.insert("grpc-retry-pushback-ms", "250".parse().unwrap());
+/// assert_eq!(parse_grpc_pushback(&h), Some(Pushback::After(Duration::from_millis(250))));
+/// h.insert("grpc-retry-pushback-ms", "-1".parse().unwrap());
+/// assert_eq!(parse_grpc_pushback(&h), Some(Pushback::DoNotRetry));
+/// h.insert("grpc-retry-pushback-ms", "1.5".parse().unwrap());
+/// assert_eq!(parse_grpc_pushback(&h), Some(Pushback::Malformed));
+/// ```
 pub fn parse_grpc_pushback(headers: &HeaderMap) -> Option<Pushback> {
-    let text = headers.get(GRPC_RETRY_PUSHBACK_MS)?.to_str().ok()?.trim();
-    let ms: i64 = text.parse().ok()?;
-    if ms < 0 {
-        Some(Pushback::DoNotRetry)
-    } else {
-        Some(Pushback::After(Duration::from_millis(ms as u64)))
+    let mut values = headers.get_all(GRPC_RETRY_PUSHBACK_MS).iter();
+    let value = values.next()?;
+    if values.next().is_some() {
+        return Some(Pushback::Malformed);
+    }
+    Some(parse_pushback_value(value.as_bytes()))
+}
+
+/// One pushback value (see [`parse_grpc_pushback`]).
+fn parse_pushback_value(bytes: &[u8]) -> Pushback {
+    let digits = match bytes.split_first() {
+        Some((b'-', rest)) => rest,
+        _ => bytes,
+    };
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        return Pushback::Malformed;
+    }
+    // Digits only, so `from_utf8` cannot fail and `i32::from_str` fails
+    // only on overflow.
+    let Some(ms) = std::str::from_utf8(bytes)
+        .ok()
+        .and_then(|t| t.parse::<i32>().ok())
+    else {
+        return Pushback::Malformed;
+    };
+    match u64::try_from(ms) {
+        Ok(ms) => Pushback::After(Duration::from_millis(ms)),
+        Err(_) => Pushback::DoNotRetry, // negative
     }
 }
 
@@ -243,6 +314,18 @@ impl Config {
                 Pushback::DoNotRetry => {
                     ext.insert(Verdict::Fatal {
                         reason: Reason::new_static("server pushback: do not retry"),
+                    });
+                }
+                Pushback::Malformed => {
+                    // The value is the server's, not ours to log: it may be
+                    // long, and it is not on the redaction allow-list.
+                    tracing::debug!(
+                        target: "rebound::retry_after",
+                        header = GRPC_RETRY_PUSHBACK_MS.as_str(),
+                        "malformed gRPC pushback: not retried (gRFC A6)"
+                    );
+                    ext.insert(Verdict::Fatal {
+                        reason: Reason::new_static("server pushback malformed: do not retry"),
                     });
                 }
                 Pushback::After(d) => self.record(d, ext),
@@ -601,15 +684,77 @@ mod tests {
     fn grpc_pushback() {
         let mut h = HeaderMap::new();
         assert_eq!(parse_grpc_pushback(&h), None);
-        h.insert(GRPC_RETRY_PUSHBACK_MS, hv("250"));
+        let ms = |n| Some(Pushback::After(Duration::from_millis(n)));
+        let table: &[(&[u8], Option<Pushback>)] = &[
+            (b"250", ms(250)),
+            (b"0", ms(0)),
+            (b"-0", ms(0)),
+            (b"007", ms(7)),
+            (b"2147483647", ms(2_147_483_647)),
+            (b"-1", Some(Pushback::DoNotRetry)),
+            (b"-2147483648", Some(Pushback::DoNotRetry)),
+            // gRFC A6: "negative or unparseble" means do not retry.
+            (b"", Some(Pushback::Malformed)),
+            (b"abc", Some(Pushback::Malformed)),
+            (b"soon", Some(Pushback::Malformed)),
+            (b"1.5", Some(Pushback::Malformed)),
+            (b"+5", Some(Pushback::Malformed)),
+            (b" 5", Some(Pushback::Malformed)),
+            (b"5 ", Some(Pushback::Malformed)),
+            (b"-", Some(Pushback::Malformed)),
+            (b"--1", Some(Pushback::Malformed)),
+            (b"5,6", Some(Pushback::Malformed)),
+            (b"5, 6", Some(Pushback::Malformed)),
+            (b"1e3", Some(Pushback::Malformed)),
+            (b"2147483648", Some(Pushback::Malformed)),
+            (b"-2147483649", Some(Pushback::Malformed)),
+            (b"99999999999999999999", Some(Pushback::Malformed)),
+            (b"\xff5", Some(Pushback::Malformed)),
+        ];
+        for (value, want) in table {
+            h.insert(
+                GRPC_RETRY_PUSHBACK_MS,
+                HeaderValue::from_bytes(value).unwrap(),
+            );
+            assert_eq!(parse_grpc_pushback(&h), *want, "{:?}", value.escape_ascii());
+            let want_stop = want.is_some_and(Pushback::is_do_not_retry);
+            assert_eq!(
+                parse_grpc_pushback(&h).unwrap().is_do_not_retry(),
+                want_stop
+            );
+        }
+        // A very long value: no panic, no retry.
+        let long = "9".repeat(64 * 1024);
+        h.insert(GRPC_RETRY_PUSHBACK_MS, hv(&long));
+        assert_eq!(parse_grpc_pushback(&h), Some(Pushback::Malformed));
+        // Several values, even valid ones: which one did the server mean?
+        h.insert(GRPC_RETRY_PUSHBACK_MS, hv("5"));
+        h.append(GRPC_RETRY_PUSHBACK_MS, hv("6"));
+        assert_eq!(parse_grpc_pushback(&h), Some(Pushback::Malformed));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_malformed_pushback_is_logged_without_its_value() {
+        let capture = rebound_test::capture::Capture::new();
+        let _guard = capture.set_default();
+        let value = format!("x{}", "7".repeat(4096));
+        let r = run(
+            RetryAfterLayer::new(),
+            503,
+            &[("grpc-retry-pushback-ms", value.clone())],
+            Some(retryable()),
+        )
+        .await;
+        assert!(Verdict::of(r.extensions()).is_fatal());
+        let events = capture.events();
+        assert_eq!(events.len(), 1, "{events:?}");
+        assert_eq!(events[0].level, tracing::Level::DEBUG);
         assert_eq!(
-            parse_grpc_pushback(&h),
-            Some(Pushback::After(Duration::from_millis(250)))
+            events[0].message(),
+            Some("malformed gRPC pushback: not retried (gRFC A6)")
         );
-        h.insert(GRPC_RETRY_PUSHBACK_MS, hv("-1"));
-        assert_eq!(parse_grpc_pushback(&h), Some(Pushback::DoNotRetry));
-        h.insert(GRPC_RETRY_PUSHBACK_MS, hv("soon"));
-        assert_eq!(parse_grpc_pushback(&h), None);
+        assert_eq!(events[0].field("header"), Some("grpc-retry-pushback-ms"));
+        assert_eq!(capture.count("777"), 0, "the value is never logged");
     }
 
     #[test]
@@ -758,5 +903,26 @@ mod tests {
             "server pushback: do not retry"
         );
         assert_eq!(hint(&r), None);
+        // Malformed pushback (gRFC A6): do not retry either, and it is not
+        // read as "no pushback" (which would let Retry-After retry it).
+        for bad in ["abc", "", "1.5", "99999999999999999999"] {
+            let r = run(
+                layer.clone(),
+                503,
+                &[
+                    ("grpc-retry-pushback-ms", bad.into()),
+                    ("retry-after", "1".into()),
+                ],
+                Some(retryable()),
+            )
+            .await;
+            let v = Verdict::of(r.extensions());
+            assert!(v.is_fatal(), "{bad:?}: {v:?}");
+            assert_eq!(
+                v.reason().unwrap().as_str(),
+                "server pushback malformed: do not retry"
+            );
+            assert_eq!(hint(&r), None, "{bad:?}");
+        }
     }
 }

@@ -111,8 +111,9 @@ fn parse_millis(value: &HeaderValue) -> Option<Duration> {
 /// at *its* start, never the value of the first one. A `grpc-timeout` that
 /// the caller set (tonic's `Request::set_timeout`) is kept when it is
 /// shorter than the time left, and lowered to it otherwise: the value sent
-/// is never larger than the time left. Without a deadline nothing is
-/// written.
+/// is never larger than the time left. Of a `grpc-timeout` the caller set
+/// more than once, the smallest valid value counts and only one value is
+/// sent. Without a deadline nothing is written.
 ///
 /// Cost: a request that is neither gRPC nor configured for the budget header
 /// pays one header look-up (`content-type`).
@@ -225,14 +226,36 @@ where
     }
 }
 
+/// The smallest valid `grpc-timeout` in `headers`, with its value, and how
+/// many values the header has.
+fn least_grpc_timeout(headers: &HeaderMap) -> (Option<(Duration, &HeaderValue)>, usize) {
+    let mut least: Option<(Duration, &HeaderValue)> = None;
+    let mut count = 0;
+    for value in headers.get_all(GRPC_TIMEOUT) {
+        count += 1;
+        if let Some(d) = parse_grpc_timeout(value) {
+            if least.is_none_or(|(l, _)| d < l) {
+                least = Some((d, value));
+            }
+        }
+    }
+    (least, count)
+}
+
 fn write_left(headers: &mut HeaderMap, left: Duration, grpc: bool, header: Option<&HeaderName>) {
     if grpc {
-        let keep = headers
-            .get(GRPC_TIMEOUT)
-            .and_then(parse_grpc_timeout)
-            .is_some_and(|set| set <= left);
-        if !keep {
-            headers.insert(GRPC_TIMEOUT, encode_grpc_timeout(left));
+        // The caller's own value counts when it is shorter; of several, the
+        // smallest valid one, and only one value goes out (a server that
+        // reads the first of several would take whichever came first).
+        match least_grpc_timeout(headers) {
+            (Some((set, _)), 1) if set <= left => {} // sent as it is
+            (Some((set, value)), _) if set <= left => {
+                let value = value.clone();
+                headers.insert(GRPC_TIMEOUT, value);
+            }
+            _ => {
+                headers.insert(GRPC_TIMEOUT, encode_grpc_timeout(left));
+            }
         }
     }
     if let Some(name) = header {
@@ -263,8 +286,11 @@ fn write_left(headers: &mut HeaderMap, left: Duration, grpc: bool, header: Optio
 /// names the header but not its value: the server's own deadline, if any,
 /// applies. It never panics and never makes a zero deadline out of bad
 /// input (a well-formed `0m` is a deadline that has passed, as gRPC says).
-/// When both headers are valid the earlier deadline wins; an optional
-/// [`max`](Self::max) caps what a caller may ask for.
+/// A header sent more than once (`grpc-timeout: 100H` and
+/// `grpc-timeout: 50m`) asks for its smallest valid value, whatever the
+/// order; its malformed values are ignored as above. When both headers are
+/// valid the earlier deadline wins; an optional [`max`](Self::max) caps
+/// what a caller may ask for.
 ///
 /// On a client stack (above the deadline layer) the same layer turns
 /// tonic's `Request::set_timeout` into rebound's deadline.
@@ -315,17 +341,22 @@ impl InboundDeadlineLayer {
     /// The deadline `headers` ask for, now; `None` when they ask for none
     /// or only for malformed values.
     pub fn deadline_of(&self, headers: &HeaderMap) -> Option<Instant> {
+        // Every value of the header counts (a header sent twice, `100H`
+        // then `50m`, asks for the smaller): the smallest valid one wins,
+        // malformed ones are ignored.
         let read = |name: &HeaderName, parse: fn(&HeaderValue) -> Option<Duration>| {
-            let value = headers.get(name)?;
-            let d = parse(value);
-            if d.is_none() {
-                tracing::debug!(
-                    target: "rebound::grpc",
-                    header = name.as_str(),
-                    "inbound deadline: malformed value ignored"
-                );
+            let mut least: Option<Duration> = None;
+            for value in headers.get_all(name) {
+                match parse(value) {
+                    Some(d) => least = Some(least.map_or(d, |l| l.min(d))),
+                    None => tracing::debug!(
+                        target: "rebound::grpc",
+                        header = name.as_str(),
+                        "inbound deadline: malformed value ignored"
+                    ),
+                }
             }
-            d
+            least
         };
         let grpc = if self.grpc {
             read(&GRPC_TIMEOUT, parse_grpc_timeout)
@@ -572,6 +603,25 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(h["grpc-timeout"], "300000u");
+        // Set twice: the smallest valid value, sent once, in either order.
+        for pair in [
+            ["5S", "100m"],
+            ["100m", "5S"],
+            ["abc", "100m"],
+            ["5S", "10S"],
+        ] {
+            let mut req = grpc(Some(pair[0]));
+            req.headers_mut()
+                .append(GRPC_TIMEOUT, HeaderValue::from_static(pair[1]));
+            let h = Deadline(at).scope(svc.clone().oneshot(req)).await.unwrap();
+            let sent: Vec<_> = h.get_all(GRPC_TIMEOUT).iter().collect();
+            let want = if pair.contains(&"100m") {
+                "100m"
+            } else {
+                "300000u"
+            };
+            assert_eq!(sent, [want], "{pair:?}");
+        }
         // Later, less is left.
         tokio::time::advance(Duration::from_millis(200)).await;
         let h = Deadline(at)
@@ -623,6 +673,27 @@ mod tests {
             );
         }
         assert_eq!(call(&[("x-budget-ms", "soon")]).await.unwrap(), None);
+        // A header sent twice: the smaller value, in either order; a
+        // malformed one beside a valid one is ignored.
+        for pair in [
+            ["100H", "50m"],
+            ["50m", "100H"],
+            ["abc", "50m"],
+            ["50m", "abc"],
+        ] {
+            let headers = [("grpc-timeout", pair[0]), ("grpc-timeout", pair[1])];
+            assert_eq!(
+                call(&headers).await.unwrap(),
+                Some(now + Duration::from_millis(50)),
+                "{pair:?}"
+            );
+        }
+        assert_eq!(
+            call(&[("x-budget-ms", "900"), ("x-budget-ms", "70")])
+                .await
+                .unwrap(),
+            Some(now + Duration::from_millis(70))
+        );
         assert_eq!(call(&[]).await.unwrap(), None);
         // The cap.
         let capped = InboundDeadlineLayer::new().max(Duration::from_secs(1));

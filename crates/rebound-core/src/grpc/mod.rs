@@ -75,7 +75,9 @@
 //! `grpc-retry-pushback-ms` is read by the
 //! [`RetryAfterLayer`](crate::RetryAfterLayer) on every non-success head:
 //! it overrides the backoff, is capped like `Retry-After` (60 s by default),
-//! and a negative value means "do not retry".
+//! and a negative **or malformed** value (not a signed 32-bit integer, or
+//! sent more than once) means "do not retry", as gRFC A6 says
+//! ([`parse_grpc_pushback`](crate::retry_after::parse_grpc_pushback)).
 //!
 //! # Which calls may be retried
 //!
