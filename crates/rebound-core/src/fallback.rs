@@ -213,7 +213,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::annotations::{Closing, Deadline, IdempotencyKey, PermitLease, RetryStop, Verdict};
-use crate::body::ReplayableBody;
+use crate::body::RetryBody;
 use crate::error::{BoxError, Error, ErrorKind, TimeoutStage};
 use crate::redact::{self, HeaderDenyList};
 use crate::retry::RetryBudget;
@@ -606,7 +606,8 @@ where
     S: Service<Request<B>, Response = Response<ResB>> + Clone + Send + 'static,
     S::Error: Into<BoxError>,
     S::Future: Send + 'static,
-    B: ReplayableBody + Send + 'static,
+    B: RetryBody + Send + 'static,
+    B::Kept: Send,
     ResB: Send + 'static,
 {
     type Response = Response<ResB>;
@@ -622,29 +623,137 @@ where
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let clone = self.inner.clone();
         let mut svc = std::mem::replace(&mut self.inner, clone);
-        let saved = req.body().try_replay().map(|body| {
-            let head = Head {
+        let deadline = Deadline::of(req.extensions());
+        let (req, routes) = Routes::save(&self.layer, req, deadline);
+        let fut = svc.call(req);
+        let saved = routes.map(|routes| future::Saved { routes, svc });
+        future::ResponseFuture::new(fut, saved)
+    }
+}
+
+/// The routes still to try for one request, and what each is made from:
+/// the head and a replay of the body as the primary was sent, the
+/// deadline. The one place that decides whether, and with what request,
+/// the next route is tried; [`Fallback`]'s future and the whole-stack
+/// service both ask it.
+pub(crate) struct Routes<B: RetryBody> {
+    head: Head,
+    body: B::Kept,
+    layer: FallbackLayer,
+    /// The next route's index in the list.
+    next: usize,
+}
+
+impl<B: RetryBody> Routes<B> {
+    /// What the routes of `layer` need of `req` (and `req` to send first);
+    /// `None` when its body cannot be replayed at all (no route could be
+    /// sent it whole).
+    pub(crate) fn save(
+        layer: &FallbackLayer,
+        req: Request<B>,
+        deadline: Option<tokio::time::Instant>,
+    ) -> (Request<B>, Option<Self>) {
+        let (parts, body) = req.into_parts();
+        let (body, kept) = body.keep();
+        let req = Request::from_parts(parts, body);
+        let Some(body) = kept else {
+            return (req, None);
+        };
+        let routes = Routes {
+            head: Head {
                 method: req.method().clone(),
                 uri: req.uri().clone(),
                 version: req.version(),
                 headers: req.headers().clone(),
-                deadline: Deadline::of(req.extensions()),
+                deadline,
                 key: req.extensions().get::<IdempotencyKey>().cloned(),
                 lease: req.extensions().get::<PermitLease>().cloned(),
-            };
-            future::Saved {
-                head,
-                body,
-                layer: self.layer.clone(),
-                svc: None,
+            },
+            body,
+            layer: layer.clone(),
+            next: 0,
+        };
+        (req, Some(routes))
+    }
+
+    /// The next route's request after `outcome` (and which route it is),
+    /// `None` when no route is to be tried now: the outcome does not allow
+    /// it, no route is left, the deadline passed, a shutdown began
+    /// (`closing`), the body cannot be sent whole, the budget refuses.
+    /// `Err`: the route's rewrite failed, the request's final outcome.
+    pub(crate) fn next<R>(
+        &mut self,
+        outcome: &Result<Response<R>, Error>,
+        closing: bool,
+    ) -> Option<Result<(Request<B>, Served), Error>> {
+        let cfg = &self.layer.cfg;
+        let route = cfg.routes.get(self.next)?;
+        self.next += 1;
+        let index = self.next;
+        if !may_fall_back(outcome) {
+            return None;
+        }
+        let head = &self.head;
+        let refused = |why: &'static str| {
+            tracing::info!(route = index, host = %route.host, why, "fallback refused");
+            None
+        };
+        if head
+            .deadline
+            .is_some_and(|d| tokio::time::Instant::now() >= d)
+        {
+            return refused("deadline");
+        }
+        // A shutdown has begun: like the retry loop, send nothing new.
+        if closing {
+            return refused("closed");
+        }
+        // `body` is a template, never sent itself: each route gets a copy
+        // made when it is tried, and only one known to be sent whole (the
+        // primary may have streamed the body past its replay cap). Before
+        // the budget: a refusal here costs no token.
+        let Some(this_body) = B::replay(&self.body) else {
+            return refused("body");
+        };
+        if let Some(budget) = &cfg.budget {
+            if !budget.try_withdraw() {
+                return refused("budget");
             }
-        });
-        let fut = svc.call(req);
-        let saved = saved.map(|mut s| {
-            s.svc = Some(svc);
-            s
-        });
-        future::ResponseFuture::new(fut, saved)
+        }
+        let mut req = Request::new(this_body);
+        *req.method_mut() = head.method.clone();
+        *req.uri_mut() = head.uri.clone();
+        *req.version_mut() = head.version;
+        *req.headers_mut() = head.headers.clone();
+        if let Some(d) = head.deadline {
+            req.extensions_mut().insert(Deadline(d));
+        }
+        if let Some(k) = &head.key {
+            req.extensions_mut().insert(k.clone());
+        }
+        if let Some(lease) = &head.lease {
+            req.extensions_mut().insert(lease.clone());
+        }
+        let (mut parts, b) = req.into_parts();
+        if let Err(e) = route.apply(&mut parts, &cfg.strip) {
+            return Some(Err(e.with_request(&head.method, &head.uri)));
+        }
+        tracing::info!(route = index, host = %route.host, "fallback");
+        let served = Served {
+            route: index,
+            host: route.host.clone(),
+        };
+        Some(Ok((Request::from_parts(parts, b), served)))
+    }
+
+    /// The deadline all routes share.
+    fn deadline(&self) -> Option<tokio::time::Instant> {
+        self.head.deadline
+    }
+
+    /// The primary's method and URI, for errors.
+    fn name(&self) -> (&Method, &Uri) {
+        (&self.head.method, &self.head.uri)
     }
 }
 
@@ -652,18 +761,16 @@ where
 pub mod future {
     use super::*;
 
-    pub(super) struct Saved<S, B> {
-        pub(super) head: Head,
-        pub(super) body: B,
-        pub(super) layer: FallbackLayer,
-        pub(super) svc: Option<S>,
+    pub(super) struct Saved<S, B: RetryBody> {
+        pub(super) routes: Routes<B>,
+        pub(super) svc: S,
     }
 
     type Falling<R> = Pin<Box<dyn Future<Output = Result<Response<R>, Error>> + Send>>;
 
     pin_project! {
         /// The response future of [`Fallback`](super::Fallback).
-        pub struct ResponseFuture<S, B, R> where S: Service<Request<B>> {
+        pub struct ResponseFuture<S, B, R> where S: Service<Request<B>>, B: RetryBody {
             #[pin]
             state: State<S, B, R>,
         }
@@ -671,20 +778,20 @@ pub mod future {
 
     pin_project! {
         #[project = StateProj]
-        enum State<S, B, R> where S: Service<Request<B>> {
+        enum State<S, B, R> where S: Service<Request<B>>, B: RetryBody {
             Primary { #[pin] fut: S::Future, saved: Option<Saved<S, B>> },
             Falling { fut: Falling<R> },
         }
     }
 
-    impl<S: Service<Request<B>>, B, R> fmt::Debug for ResponseFuture<S, B, R> {
+    impl<S: Service<Request<B>>, B: RetryBody, R> fmt::Debug for ResponseFuture<S, B, R> {
         fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
             f.debug_struct("fallback::ResponseFuture")
                 .finish_non_exhaustive()
         }
     }
 
-    impl<S: Service<Request<B>>, B, R> ResponseFuture<S, B, R> {
+    impl<S: Service<Request<B>>, B: RetryBody, R> ResponseFuture<S, B, R> {
         pub(super) fn new(fut: S::Future, saved: Option<Saved<S, B>>) -> Self {
             ResponseFuture {
                 state: State::Primary { fut, saved },
@@ -697,7 +804,8 @@ pub mod future {
         S: Service<Request<B>, Response = Response<R>> + Send + 'static,
         S::Error: Into<BoxError>,
         S::Future: Send + 'static,
-        B: ReplayableBody + Send + 'static,
+        B: RetryBody + Send + 'static,
+        B::Kept: Send,
         R: Send + 'static,
     {
         type Output = Result<Response<R>, Error>;
@@ -731,70 +839,23 @@ pub mod future {
         S: Service<Request<B>, Response = Response<R>> + Send + 'static,
         S::Error: Into<BoxError>,
         S::Future: Send + 'static,
-        B: ReplayableBody + Send + 'static,
+        B: RetryBody + Send + 'static,
+        B::Kept: Send,
     {
         let Saved {
-            head,
-            body,
-            layer,
-            svc,
+            mut routes,
+            mut svc,
         } = saved;
-        let mut svc = svc.expect("set with the saved head");
-        // `body` is a template, never sent itself: each route gets a copy
-        // made when it is tried, and only one known to be sent whole (the
-        // primary may have streamed the body past its replay cap).
-        for (i, route) in layer.cfg.routes.iter().enumerate() {
-            let index = i + 1;
-            if !may_fall_back(&outcome) {
-                break;
-            }
-            if head
-                .deadline
-                .is_some_and(|d| tokio::time::Instant::now() >= d)
-            {
-                tracing::info!(route = index, host = %route.host, why = "deadline", "fallback refused");
-                break;
-            }
-            // A shutdown has begun: like the retry loop, send nothing new.
-            if Closing::current().is_some_and(|c| c.is_closed()) {
-                tracing::info!(route = index, host = %route.host, why = "closed", "fallback refused");
-                break;
-            }
-            // Before the budget: a refusal here costs no token.
-            let Some(this_body) = body.try_replay_whole() else {
-                tracing::info!(route = index, host = %route.host, why = "body", "fallback refused");
-                break;
+        let closing = || Closing::current().is_some_and(|c| c.is_closed());
+        while let Some(next) = routes.next(&outcome, closing()) {
+            let (req, served) = match next {
+                Ok(next) => next,
+                Err(e) => return Err(e),
             };
-            if let Some(budget) = &layer.cfg.budget {
-                if !budget.try_withdraw() {
-                    tracing::info!(route = index, host = %route.host, why = "budget", "fallback refused");
-                    break;
-                }
-            }
-            let mut req = Request::new(this_body);
-            *req.method_mut() = head.method.clone();
-            *req.uri_mut() = head.uri.clone();
-            *req.version_mut() = head.version;
-            *req.headers_mut() = head.headers.clone();
-            if let Some(d) = head.deadline {
-                req.extensions_mut().insert(Deadline(d));
-            }
-            if let Some(k) = &head.key {
-                req.extensions_mut().insert(k.clone());
-            }
-            if let Some(lease) = &head.lease {
-                req.extensions_mut().insert(lease.clone());
-            }
-            let (mut parts, b) = req.into_parts();
-            if let Err(e) = route.apply(&mut parts, &layer.cfg.strip) {
-                return Err(e.with_request(&head.method, &head.uri));
-            }
-            let req = Request::from_parts(parts, b);
             // This route's outcome replaces the last one: let go of it now,
             // not after this route's call (its connection; and the permit
             // its body holds, were a concurrency limit stacked below us).
             drop(outcome);
-            tracing::info!(route = index, host = %route.host, "fallback");
             let call = async {
                 let ready: Result<&mut S, BoxError> = svc.ready().await.map_err(Into::into);
                 match ready {
@@ -805,19 +866,17 @@ pub mod future {
                     Err(e) => Err(e),
                 }
             };
-            let result = match head.deadline {
+            let result = match routes.deadline() {
                 Some(d) => match tokio::time::timeout_at(d, call).await {
                     Ok(r) => r.map_err(Error::from_boxed),
-                    Err(_) => Err(Error::timeout(TimeoutStage::Deadline)
-                        .with_request(&head.method, &head.uri)),
+                    Err(_) => {
+                        let (method, uri) = routes.name();
+                        Err(Error::timeout(TimeoutStage::Deadline).with_request(method, uri))
+                    }
                 },
                 None => call.await.map_err(Error::from_boxed),
             };
             outcome = result;
-            let served = Served {
-                route: index,
-                host: route.host.clone(),
-            };
             match &mut outcome {
                 Ok(res) => {
                     res.extensions_mut().insert(served);

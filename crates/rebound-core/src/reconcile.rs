@@ -532,26 +532,153 @@ pub mod future {
         if let Some(d) = deadline {
             until = until.min(d);
         }
-        let checked = tokio::time::timeout_at(until, check.oneshot(id.clone())).await;
+        let checked = match tokio::time::timeout_at(until, check.oneshot(id.clone())).await {
+            Ok(Ok(check)) => Ok(check),
+            Ok(Err(_)) => Err("the check failed"),
+            Err(_) => Err("the check timed out"),
+        };
+        settle(checked, id, outcome, retry_when_ambiguous, &name, |res| res)
+    }
+
+    /// The outcome once the check answered (`Err`: why it did not — it
+    /// failed, or timed out): the check's response (its body made an `R` by `into`), the
+    /// original outcome, or an [`ErrorKind::Ambiguous`] error. Shared by
+    /// [`Reconcile`](super::Reconcile)'s future and the whole-stack service.
+    pub(crate) fn settle<R, X>(
+        checked: Result<Check<Response<X>>, &'static str>,
+        id: OperationId,
+        outcome: Result<Response<R>, Error>,
+        retry_when_ambiguous: bool,
+        name: &RequestName,
+        into: impl FnOnce(Response<X>) -> Response<R>,
+    ) -> Result<Response<R>, Error> {
         let why = match checked {
-            Ok(Ok(Check::Finished(mut res))) => {
+            Ok(Check::Finished(res)) => {
                 tracing::info!(outcome = "reconciled", operation_id = %id, "reconcile");
+                let mut res = into(res);
                 res.extensions_mut().insert(Verdict::Success);
                 res.extensions_mut().insert(Reconciled { id });
                 return Ok(res);
             }
-            Ok(Ok(Check::NotFound)) => {
+            Ok(Check::NotFound) => {
                 tracing::info!(outcome = "not_found", operation_id = %id, "reconcile");
                 return outcome;
             }
-            Ok(Ok(Check::Unknown)) => "the check could not tell",
-            Ok(Err(_)) => "the check failed",
-            Err(_) => "the check timed out",
+            Ok(Check::Unknown) => "the check could not tell",
+            Err(why) => why,
         };
         tracing::warn!(outcome = "ambiguous", operation_id = %id, why, "reconcile");
         if retry_when_ambiguous {
             return outcome;
         }
-        Err(ambiguous(&id, why, &name))
+        Err(ambiguous(&id, why, name))
+    }
+}
+
+// ===== the engine, for the whole-stack service =====
+
+/// A status check whose response's body is already in memory, erased.
+#[cfg(feature = "stack")]
+pub(crate) type CheckFuture = Pin<
+    Box<
+        dyn Future<Output = Result<Check<Response<crate::collect::CollectedBody>>, BoxError>>
+            + Send,
+    >,
+>;
+
+/// What a status check came to: its answer, or why there is none.
+#[cfg(feature = "stack")]
+pub(crate) type Asked = Pin<
+    Box<
+        dyn Future<Output = Result<Check<Response<crate::collect::CollectedBody>>, &'static str>>
+            + Send,
+    >,
+>;
+
+/// A [`ReconcileLayer`] as the whole-stack service calls it: the check
+/// erased (its responses read into memory), the settings.
+#[cfg(feature = "stack")]
+#[derive(Clone)]
+pub(crate) struct ReconcileHook {
+    check: Arc<dyn Fn(OperationId) -> CheckFuture + Send + Sync>,
+    timeout: Duration,
+    retry_when_ambiguous: bool,
+    id: Option<IdFn>,
+}
+
+#[cfg(feature = "stack")]
+impl<C> ReconcileLayer<C>
+where
+    C: Service<OperationId, Response = Check<Response<crate::collect::CollectedBody>>>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    C::Error: Into<BoxError>,
+    C::Future: Send + 'static,
+{
+    /// This layer's check and settings, for the whole-stack service.
+    pub(crate) fn hook(self) -> ReconcileHook {
+        let check = self.check;
+        ReconcileHook {
+            check: Arc::new(move |id| {
+                let check = check.clone();
+                Box::pin(async move { check.oneshot(id).await.map_err(Into::into) })
+            }),
+            timeout: self.timeout,
+            retry_when_ambiguous: self.retry_when_ambiguous,
+            id: self.id,
+        }
+    }
+}
+
+#[cfg(feature = "stack")]
+impl ReconcileHook {
+    /// The operation id of a request with these parts, if it has one.
+    pub(crate) fn operation_id(&self, parts: &http::request::Parts) -> Option<OperationId> {
+        match &self.id {
+            Some(f) => f(parts),
+            None => operation_id(parts),
+        }
+    }
+
+    /// Whether `outcome` is one to reconcile: retryable, maybe processed.
+    pub(crate) fn wants<R>(outcome: &Result<Response<R>, Error>) -> bool {
+        let ext = match outcome {
+            Ok(res) => res.extensions(),
+            Err(e) => e.extensions(),
+        };
+        matches!(
+            ext.get::<Verdict>(),
+            Some(Verdict::Retryable {
+                sent: Sent::MaybeProcessed,
+                ..
+            })
+        )
+    }
+
+    /// Ask the check about `id`, within its timeout and `deadline`.
+    pub(crate) fn ask(&self, id: OperationId, deadline: tokio::time::Instant) -> Asked {
+        let until = (tokio::time::Instant::now() + self.timeout).min(deadline);
+        let checked = (self.check)(id);
+        Box::pin(async move {
+            match tokio::time::timeout_at(until, checked).await {
+                Ok(Ok(check)) => Ok(check),
+                Ok(Err(_)) => Err("the check failed"),
+                Err(_) => Err("the check timed out"),
+            }
+        })
+    }
+
+    /// The outcome once the check answered; see [`future::settle`].
+    pub(crate) fn settle<R>(
+        &self,
+        checked: Result<Check<Response<crate::collect::CollectedBody>>, &'static str>,
+        id: OperationId,
+        outcome: Result<Response<R>, Error>,
+        name: &RequestName,
+        into: impl FnOnce(Response<crate::collect::CollectedBody>) -> Response<R>,
+    ) -> Result<Response<R>, Error> {
+        future::settle(checked, id, outcome, self.retry_when_ambiguous, name, into)
     }
 }

@@ -1241,7 +1241,7 @@ impl ClientBuilder {
         let timeouts = self.timeouts();
         // A hedge, a fallback or a reconcile check still runs on the
         // layered stack; every other client runs on the one-service stack.
-        let layered = !self.hedge.is_off() || self.fallback.is_some() || self.reconcile.is_some();
+        let layered = !self.hedge.is_off();
         let total = timeouts.total;
         let deadline = DeadlineLayer::try_new(total)?;
         let attempt = AttemptTimeoutLayer::try_new(timeouts.attempt)?;
@@ -1281,13 +1281,14 @@ impl ClientBuilder {
         };
         let hedge = HedgeLayer::try_new(hedge)?;
         // Off: not in the stack at all (the `Identity` side of an `Either`).
-        let fallback = option_layer(self.fallback.map(|layer| {
+        let stack_fallback = self.fallback.map(|layer| {
             if layer.has_budget() {
                 layer
             } else {
                 layer.budget(Arc::clone(retry.policy().get_budget()))
             }
-        }));
+        });
+        let fallback = option_layer(stack_fallback.clone());
         // One check, fitted to each stack's response body.
         let (reconcile, collecting_reconcile) = match self.reconcile {
             Some(layer) => {
@@ -1299,6 +1300,8 @@ impl ClientBuilder {
             }
             None => (None, None),
         };
+        // The stack's check reads its response into memory too.
+        let stack_reconcile = collecting_reconcile.clone();
         let reconcile = option_layer(reconcile);
         let collecting_reconcile = option_layer(collecting_reconcile);
 
@@ -1388,8 +1391,10 @@ impl ClientBuilder {
                 .retry_after_gate(Some(gate.clone()))
                 .concurrency_limit(stack_concurrency)
                 .idempotency_key(stack_idempotency)
+                .fallback(stack_fallback)
                 .grpc_retryable(stack_mark)
                 .retry(retry.clone())
+                .reconcile(stack_reconcile)
                 .propagate_deadline(stack_propagate)
                 .backoff(backoff.clone())
                 .circuit_breaker(stack_breaker)

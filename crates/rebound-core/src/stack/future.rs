@@ -33,8 +33,10 @@ use crate::cancel::{cancelled_error, Cancel};
 use crate::classify::Classifier;
 use crate::collect::future::{announced_len, body_error, has_no_content, too_large, Collecting};
 use crate::error::{BoxError, Error, TimeoutStage};
+use crate::fallback::{Routes, Served};
 use crate::gate::{close_after, throttled_named, wait_open, GateMode};
 use crate::limit::AttemptSlot;
+use crate::reconcile::{OperationId, ReconcileHook};
 use crate::redact::RequestName;
 use crate::retry::future::{Decision, Drain, Held, Replay, Slept, DRAIN_MAX_TIME};
 use crate::shutdown::{closed, Entered};
@@ -42,6 +44,7 @@ use crate::trace::{begin, begin_attempt, AttemptState, RequestState};
 
 type Wait<T> = Pin<Box<dyn Future<Output = Result<T, Error>> + Send>>;
 type ClosedFuture = Pin<Box<dyn Future<Output = ()> + Send + Sync>>;
+type Checking = crate::reconcile::Asked;
 
 pin_project! {
     /// The response future of [`Stack`](super::Stack).
@@ -108,6 +111,11 @@ pin_project! {
         Calling {
             #[pin]
             fut: F,
+        },
+        // A write's status check, before the loop decides.
+        Reconciling {
+            check: Checking,
+            out: Option<Result<Response<Payload<ResB>>, Error>>,
         },
         // Waiting for the inner service to be ready for the next attempt.
         Readying,
@@ -200,6 +208,11 @@ struct Req<S, B: RetryBody, C> {
     closing: Option<ClosedFuture>,
     // Read the response body inside the attempt, up to this many bytes.
     collect: Option<usize>,
+    // The fallback's routes still to try, and which route this loop is.
+    routes: Option<Routes<B>>,
+    served: Option<Served>,
+    // The operation id a status check would be asked about.
+    operation: Option<OperationId>,
 }
 
 impl<S, B: RetryBody, C> Req<S, B, C> {
@@ -274,6 +287,9 @@ where
             conflicts: false,
             closing: None,
             collect,
+            routes: None,
+            served: None,
+            operation: None,
         };
         let mut cut = None;
         let early = Self::admit(&mut r, &mut cut, now, ours, req);
@@ -407,6 +423,20 @@ where
         if let Some(keys) = &r.cfg.idempotency {
             r.conflicts = keys.stamp(&mut req);
         }
+        // The fallback keeps what its routes are made of (only when
+        // configured: a head copy and a replay of the body).
+        if let Some(fallback) = &r.cfg.fallback {
+            let (saved, routes) = Routes::save(fallback, req, Some(r.deadline));
+            req = saved;
+            r.routes = routes;
+        }
+        Self::run_loop(r, req)
+    }
+
+    /// One retry loop for `req` (the primary's, or an alternate route's):
+    /// gRPC marking, the breaker's admission, the loop's set-up, the first
+    /// attempt.
+    fn run_loop(r: &mut Req<S, B, C>, mut req: Request<B>) -> (State<S::Future, B, ResB>, Instant) {
         if let Some(mark) = &r.cfg.mark {
             if mark.is_marked(&req) {
                 req.extensions_mut().insert(Idempotent);
@@ -417,11 +447,13 @@ where
         if let Some(breaker) = &r.cfg.breaker {
             match breaker.admit(&req) {
                 Ok(track) => r.track = Some(track),
-                Err(err) => {
-                    let out = r.complete(Err(err), Up::Retry);
-                    return (State::Ready { out: Some(out) }, r.deadline);
-                }
+                Err(err) => return Self::loop_done(r, Err(err)),
             }
+        }
+        if let Some(hook) = &r.cfg.reconcile {
+            let (parts, body) = req.into_parts();
+            r.operation = hook.operation_id(&parts);
+            req = Request::from_parts(parts, body);
         }
         let (req, replay) = Replay::prepare(&r.cfg.retry, req, Some(r.deadline));
         r.replay = Some(replay);
@@ -663,11 +695,31 @@ where
         if let Some(attempt) = r.attempt.take() {
             attempt.finish(&mut out);
         }
-        match replay.decide(out) {
-            Decision::Return(out) => {
-                let out = r.complete(out, Up::Retry);
-                (State::Ready { out: Some(out) }, r.deadline)
+        // Reconcile: a write whose attempt may have been processed is
+        // looked up before the loop decides (only when configured).
+        if let (Some(hook), Some(id)) = (&r.cfg.reconcile, &r.operation) {
+            if ReconcileHook::wants(&out) {
+                let check = hook.ask(id.clone(), r.deadline);
+                return (
+                    State::Reconciling {
+                        check,
+                        out: Some(out),
+                    },
+                    r.deadline,
+                );
             }
+        }
+        Self::decided(r, out)
+    }
+
+    /// The retry loop's decision on an attempt's judged outcome.
+    fn decided(
+        r: &mut Req<S, B, C>,
+        out: Result<Response<Payload<ResB>>, Error>,
+    ) -> (State<S::Future, B, ResB>, Instant) {
+        let replay = r.replay.as_mut().expect("an attempt has a loop");
+        match replay.decide(out) {
+            Decision::Return(out) => Self::loop_done(r, out),
             Decision::Retry { until, drain, held } => {
                 // Wake first at the end of the drain window, if it ends
                 // before the sleep does.
@@ -678,6 +730,39 @@ where
                 (State::Sleeping { drain, until, held }, first)
             }
         }
+    }
+
+    /// A retry loop's last outcome: the breaker counts it; then the next
+    /// alternate route's loop, if the fallback tries one, else the outcome
+    /// on its way up.
+    fn loop_done(
+        r: &mut Req<S, B, C>,
+        mut out: Result<Response<Payload<ResB>>, Error>,
+    ) -> (State<S::Future, B, ResB>, Instant) {
+        if let Some(track) = r.track.take() {
+            track.settle(&out);
+        }
+        if let Some(served) = r.served.take() {
+            ext_of(&mut out).insert(served);
+        }
+        if let Some(routes) = r.routes.as_mut() {
+            let closing = r.cfg.shutdown.as_ref().is_some_and(|h| h.is_closed())
+                || Closing::current().is_some_and(|c| c.is_closed());
+            match routes.next(&out, closing) {
+                Some(Ok((req, served))) => {
+                    // This route's outcome replaces the last one: let go
+                    // of it now (its connection).
+                    drop(out);
+                    r.served = Some(served);
+                    r.operation = None;
+                    return Self::run_loop(r, req);
+                }
+                Some(Err(err)) => out = Err(err),
+                None => {}
+            }
+        }
+        let out = r.complete(out, Up::Retry);
+        (State::Ready { out: Some(out) }, r.deadline)
     }
 }
 
@@ -816,6 +901,7 @@ where
             State::Holding { .. } => "holding",
             State::Calling { .. } => "calling",
             State::Collecting { .. } => "collecting",
+            State::Reconciling { .. } => "reconciling",
             State::Readying => "readying",
             State::Sleeping { .. } => "sleeping",
             State::Ready { .. } => "ready",
@@ -1094,20 +1180,38 @@ where
                     ) {
                         Slept::Pending => return Poll::Pending,
                         Slept::Return(out) => {
-                            let out = r.complete(out, Up::Retry);
-                            this.state.set(State::Ready { out: Some(out) });
+                            let (state, until) = Self::loop_done(r, out);
+                            this.state.set(state);
+                            this.timer.as_mut().reset(until);
                             continue;
                         }
                         Slept::Ready(held) => held,
                     };
                     if let Some(h) = held {
                         if let Some(out) = replay.resume(h) {
-                            let out = r.complete(out, Up::Retry);
-                            this.state.set(State::Ready { out: Some(out) });
+                            let (state, until) = Self::loop_done(r, out);
+                            this.state.set(state);
+                            this.timer.as_mut().reset(until);
                             continue;
                         }
                     }
                     this.state.set(State::Readying);
+                }
+                StateProj::Reconciling { check, out } => {
+                    let checked = match check.as_mut().poll(cx) {
+                        Poll::Ready(checked) => checked,
+                        Poll::Pending => return Poll::Pending,
+                    };
+                    let out = out.take().expect("polled after completion");
+                    let hook = r.cfg.reconcile.as_ref().expect("reconciling with a check");
+                    let id = r.operation.clone().expect("reconciling an operation");
+                    let name = r.request_name().expect("an attempt has a name");
+                    let out = hook.settle(checked, id, out, &name, |res| {
+                        res.map(|body| Payload::Collected { body })
+                    });
+                    let (state, until) = Self::decided(r, out);
+                    this.state.set(state);
+                    this.timer.as_mut().reset(until);
                 }
                 StateProj::Readying => {
                     match r.svc.poll_ready(cx) {
@@ -1118,8 +1222,9 @@ where
                             // gone.
                             replay.attempt -= 1;
                             let out = replay.finish(Err(Error::from_boxed(e.into())), None);
-                            let out = r.complete(out, Up::Retry);
-                            this.state.set(State::Ready { out: Some(out) });
+                            let (state, until) = Self::loop_done(r, out);
+                            this.state.set(state);
+                            this.timer.as_mut().reset(until);
                         }
                         Poll::Ready(Ok(())) => {
                             let req = r

@@ -79,9 +79,11 @@
 //! | new requests to a closed host wait, holding no permit | [`RetryAfterGateLayer`] (holding) | [`retry_after_gate`](StackLayer::retry_after_gate) |
 //! | logical requests in flight | [`ConcurrencyLimitLayer`] | [`concurrency_limit`](StackLayer::concurrency_limit) (off by default) |
 //! | POST/PATCH get an `Idempotency-Key` | [`IdempotencyKeyLayer`] | [`idempotency_key`](StackLayer::idempotency_key) |
+//! | after a retryable failure, the next alternate route | [`FallbackLayer`](crate::fallback::FallbackLayer) | [`fallback`](StackLayer::fallback) (off by default) |
 //! | declared-safe gRPC methods are eligible | [`MarkRetryableLayer`] | [`grpc_retryable`](StackLayer::grpc_retryable) (off by default) |
 //! | per host: fail a request at once while its host is broken (counts requests' final outcomes) | [`CircuitBreakerLayer`] | [`circuit_breaker`](StackLayer::circuit_breaker) |
 //! | the retry loop and its budget | [`RetryLayer`] | [`retry`](StackLayer::retry) |
+//! | a maybe-processed write is looked up before it is sent again | [`ReconcileLayer`](crate::reconcile::ReconcileLayer) | [`reconcile`](StackLayer::reconcile) (off by default) |
 //! | one span per attempt | [`AttemptTraceLayer`](crate::trace::AttemptTraceLayer) | with `trace` |
 //! | the time left as `grpc-timeout` | [`PropagateDeadlineLayer`] | [`propagate_deadline`](StackLayer::propagate_deadline) (off by default) |
 //! | the proposed delay | [`BackoffLayer`] | [`backoff`](StackLayer::backoff) |
@@ -148,14 +150,17 @@ use crate::backoff::{Backoff, BackoffLayer};
 use crate::body::RetryBody;
 use crate::breaker::CircuitBreakerLayer;
 use crate::classify::{Classifier, HttpClassifier};
+use crate::collect::CollectedBody;
 use crate::deadline::DeadlineLayer;
 use crate::error::{BoxError, Error};
+use crate::fallback::FallbackLayer;
 use crate::gate::RetryAfterGateLayer;
 use crate::grpc::{MarkRetryableLayer, PropagateDeadlineLayer};
 use crate::idempotency::IdempotencyKeyLayer;
 use crate::limit::{
     AdaptiveLimitLayer, AdaptiveLimiter, ConcurrencyLimitLayer, ConcurrencyLimiter,
 };
+use crate::reconcile::{Check, OperationId, ReconcileHook, ReconcileLayer};
 use crate::retry::{RetryLayer, RetryPolicy};
 use crate::retry_after::RetryAfterLayer;
 use crate::shutdown::ShutdownHandle;
@@ -174,8 +179,10 @@ pub(crate) struct Config<C> {
     pub(crate) gate: Option<RetryAfterGateLayer>,
     pub(crate) concurrency: Option<Arc<ConcurrencyLimiter>>,
     pub(crate) idempotency: Option<IdempotencyKeyLayer>,
+    pub(crate) fallback: Option<FallbackLayer>,
     pub(crate) mark: Option<MarkRetryableLayer>,
     pub(crate) retry: RetryPolicy,
+    pub(crate) reconcile: Option<ReconcileHook>,
     pub(crate) propagate: Option<PropagateDeadlineLayer>,
     pub(crate) backoff: Backoff,
     pub(crate) breaker: Option<CircuitBreakerLayer>,
@@ -194,8 +201,10 @@ impl<C: Clone> Clone for Config<C> {
             gate: self.gate.clone(),
             concurrency: self.concurrency.clone(),
             idempotency: self.idempotency.clone(),
+            fallback: self.fallback.clone(),
             mark: self.mark.clone(),
             retry: self.retry.clone(),
+            reconcile: self.reconcile.clone(),
             propagate: self.propagate.clone(),
             backoff: self.backoff.clone(),
             breaker: self.breaker.clone(),
@@ -268,8 +277,10 @@ impl StackLayer<HttpClassifier> {
                 gate: Some(RetryAfterGateLayer::new()),
                 concurrency: None,
                 idempotency: Some(IdempotencyKeyLayer::new()),
+                fallback: None,
                 mark: None,
                 retry: RetryPolicy::default(),
+                reconcile: None,
                 propagate: None,
                 backoff: Backoff::exponential(Duration::from_millis(100), Duration::from_secs(10)),
                 breaker: Some(CircuitBreakerLayer::default()),
@@ -326,6 +337,33 @@ impl<C: Clone> StackLayer<C> {
         self.with(|c| c.idempotency = keys)
     }
 
+    /// Alternate routes tried, in order, after the retry loop ends in a
+    /// retryable failure (each with its own retry loop, within the one
+    /// deadline, with the same permit and key; see
+    /// [`FallbackLayer`]). `None` (the default): none.
+    pub fn fallback(self, fallback: Option<FallbackLayer>) -> Self {
+        self.with(|c| c.fallback = fallback)
+    }
+
+    /// Before the retry loop sends again a write whose attempt may have
+    /// been processed, ask the status check by its operation id (see
+    /// [`ReconcileLayer`]). The check's responses are in memory: a
+    /// reconciled response's body is one the check already read. `None`
+    /// (the default): no check.
+    pub fn reconcile<K>(self, reconcile: Option<ReconcileLayer<K>>) -> Self
+    where
+        K: Service<OperationId, Response = Check<Response<CollectedBody>>>
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        K::Error: Into<BoxError>,
+        K::Future: Send + 'static,
+    {
+        let hook = reconcile.map(ReconcileLayer::hook);
+        self.with(|c| c.reconcile = hook)
+    }
+
     /// gRPC methods declared safe to retry. `None` (the default): none
     /// marked.
     pub fn grpc_retryable(self, mark: Option<MarkRetryableLayer>) -> Self {
@@ -380,8 +418,10 @@ impl<C: Clone> StackLayer<C> {
                 gate: c.gate,
                 concurrency: c.concurrency,
                 idempotency: c.idempotency,
+                fallback: c.fallback,
                 mark: c.mark,
                 retry: c.retry,
+                reconcile: c.reconcile,
                 propagate: c.propagate,
                 backoff: c.backoff,
                 breaker: c.breaker,
