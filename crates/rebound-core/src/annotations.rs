@@ -65,16 +65,13 @@ tokio::task_local! {
 /// response body — reads it with [`Deadline::of`], which answers the
 /// **earlier** of two carriers:
 ///
+/// * **a `Deadline` in the request's extensions**: what the deadline layer
+///   stamps (and a caller may insert itself). It travels with the request,
+///   through a `tower::buffer::Buffer` or a spawned task.
 /// * **the task's current deadline**, set with [`Deadline::scope`] (for a
-///   future) or [`Deadline::sync_scope`] (for a closure). This is how the
-///   deadline layer hands its deadline down: without touching the request's
-///   extensions, so the happy path allocates nothing (an `http::Extensions`
-///   insert costs three allocations, and every retry's copy of the head
-///   would clone them again). It is also how an inbound deadline reaches
-///   the outbound calls a handler makes: scope the handler's future.
-/// * **a `Deadline` in the request's extensions**, which a caller may insert
-///   itself (it travels with the request through a `tower::buffer::Buffer`
-///   or a spawned task, where the task's deadline does not).
+///   future) or [`Deadline::sync_scope`] (for a closure): how an inbound
+///   deadline reaches the outbound calls a handler makes, whose requests
+///   are new (scope the handler's future; `InboundDeadlineLayer` does).
 ///
 /// # Limits of the task's deadline
 ///

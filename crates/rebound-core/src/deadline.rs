@@ -26,13 +26,12 @@
 //! # }
 //! ```
 //!
-//! [`DeadlineLayer`] gives every request a total budget. It makes it the
-//! task's current [`Deadline`] while the layers below it are called and
-//! polled ([`Deadline::scope`]; nothing is written into the request's
-//! extensions, so the happy path allocates nothing), so that every layer
-//! below it that waits (a concurrency queue, each attempt, each backoff
-//! sleep) can see how much time is left with [`Deadline::of`], and it bounds
-//! three things itself:
+//! [`DeadlineLayer`] gives every request a total budget. It stamps it on
+//! the request as a [`Deadline`] annotation, so that every layer below it
+//! that waits (a concurrency queue, each attempt, each backoff sleep) can
+//! see how much time is left with [`Deadline::of`] — also across a
+//! `tower::buffer::Buffer` or a task spawned with the request, which a
+//! task-local would not cross — and it bounds three things itself:
 //!
 //! * a request whose deadline has **already passed** fails at once with
 //!   [`TimeoutStage::Deadline`], without reaching the inner service;
@@ -44,8 +43,13 @@
 //! If the request already has an **earlier** deadline (a [`Deadline`] in its
 //! extensions, or the task's current one — for example an inbound request's,
 //! propagated by the server), the earlier one wins; a later one is
-//! overridden by this layer's. A task spawned below this layer does not see
-//! the task's deadline (see [`Deadline`] for its limits).
+//! overridden by this layer's.
+//!
+//! The stamp is an `http::Extensions` insert: the request's first one
+//! allocates its map (a few small allocations), which a request that
+//! already carries an extension does not pay again. The whole stack as one
+//! service ([`crate::stack`], what the ready-made client runs) keeps its
+//! deadline as its own value and stamps nothing.
 //!
 //! # Errors
 //!
@@ -75,7 +79,7 @@ use tokio::time::{Instant, Sleep};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::annotations::{Deadline, DeadlineScope};
+use crate::annotations::Deadline;
 use crate::config::validate_duration;
 use crate::error::{BoxError, Error, TimeoutStage};
 use crate::redact::RequestName;
@@ -171,7 +175,7 @@ where
 {
     type Response = Response<DeadlineBody<ResBody>>;
     type Error = Error;
-    type Future = ResponseFuture<DeadlineScope<S::Future>>;
+    type Future = ResponseFuture<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner
@@ -193,10 +197,11 @@ where
                 request: Some(request),
             };
         }
-        // The layers below see the deadline while they are called and every
-        // time they are polled; the request's extensions stay untouched.
-        let scope = Deadline(deadline);
-        let future = scope.scope(scope.sync_scope(|| self.inner.call(req)));
+        // The deadline travels with the request (one extension), so the
+        // layers below see it across a `Buffer` or a spawned task too.
+        let mut req = req;
+        req.extensions_mut().insert(Deadline(deadline));
+        let future = self.inner.call(req);
         ResponseFuture {
             kind: Kind::Running {
                 future,

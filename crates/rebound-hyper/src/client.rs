@@ -1381,28 +1381,36 @@ impl ClientBuilder {
         let mark = option_layer(self.grpc_methods.map(MarkRetryableLayer::new));
         let propagate = option_layer(self.propagate);
 
+        // The client's own short path: every layer's policy called from
+        // one service and one future (rebound_core::stack).
+        let stack = StackLayer::new()
+            .trace(trace.clone())
+            .shutdown(Some(shutdown.clone()))
+            .deadline(deadline)
+            .retry_after_gate(Some(gate.clone()))
+            .concurrency_limit(stack_concurrency)
+            .idempotency_key(stack_idempotency)
+            .fallback(stack_fallback)
+            .grpc_retryable(stack_mark)
+            .retry(retry.clone())
+            .reconcile(stack_reconcile)
+            .propagate_deadline(stack_propagate)
+            .backoff(backoff.clone())
+            .circuit_breaker(stack_breaker)
+            .adaptive_limit(stack_adaptive)
+            .retry_after(retry_after.clone())
+            .attempt_timeout(attempt)
+            .classifier(classifier);
+        let mut layers = stack.layers();
+        if layered {
+            // The layered stack adds the hedge below the retry loop.
+            if let Some(i) = layers.iter().position(|l| *l == "RetryLayer") {
+                layers.insert(i + 1, "HedgeLayer");
+            }
+        }
+        let layers: Arc<[&'static str]> = layers.into();
         if !layered {
-            // The client's own short path: every layer's policy called from
-            // one service and one future (rebound_core::stack).
-            let stack = StackLayer::new()
-                .trace(trace.clone())
-                .shutdown(Some(shutdown.clone()))
-                .deadline(deadline)
-                .retry_after_gate(Some(gate.clone()))
-                .concurrency_limit(stack_concurrency)
-                .idempotency_key(stack_idempotency)
-                .fallback(stack_fallback)
-                .grpc_retryable(stack_mark)
-                .retry(retry.clone())
-                .reconcile(stack_reconcile)
-                .propagate_deadline(stack_propagate)
-                .backoff(backoff.clone())
-                .circuit_breaker(stack_breaker)
-                .adaptive_limit(stack_adaptive)
-                .retry_after(retry_after.clone())
-                .attempt_timeout(attempt)
-                .classifier(classifier)
-                .layer(transport);
+            let stack = stack.layer(transport);
             let max = self.max_response_body;
             return Ok(Client {
                 inner: on_stack(stack.clone(), None),
@@ -1412,6 +1420,7 @@ impl ClientBuilder {
                 replay_cap: self.replay_cap,
                 path: trace.path_redaction().clone(),
                 shutdown,
+                layers,
             });
         }
 
@@ -1464,6 +1473,7 @@ impl ClientBuilder {
             replay_cap: self.replay_cap,
             path: trace.path_redaction().clone(),
             shutdown,
+            layers,
         })
     }
 }
@@ -1505,6 +1515,8 @@ pub struct Client {
     pub(crate) path: PathRedaction,
     /// Shuts down both stacks (see [`Client::shutdown`]).
     shutdown: ShutdownHandle,
+    /// What [`Client::layers`] says.
+    layers: Arc<[&'static str]>,
 }
 
 impl fmt::Debug for Client {
@@ -1560,6 +1572,15 @@ impl Client {
         grace: Duration,
     ) -> impl Future<Output = ShutdownReport> + Send + 'static {
         self.shutdown.shutdown(grace)
+    }
+
+    /// The layers this client runs, outer to inner, as configured (an
+    /// option that is off is not there): the names of the README's stack
+    /// table, e.g. `["TraceLayer", "ShutdownLayer", "CancelLayer",
+    /// "DeadlineLayer", ...]`. The client runs them as one service
+    /// (`rebound_core::stack`); a client with a hedge runs them stacked.
+    pub fn layers(&self) -> &[&'static str] {
+        &self.layers
     }
 
     /// Whether [`shutdown`](Self::shutdown) was called.
@@ -1725,5 +1746,31 @@ mod tests {
             .build()
             .unwrap_err();
         assert!(err.to_string().contains("total timeout"), "{err}");
+    }
+}
+
+#[cfg(test)]
+mod sizes {
+    //! Guards on the size of what every request moves (DESIGN §13): they
+    //! do not depend on the machine. The old layered stack's outer boxed
+    //! future was 2,568 bytes and its `Response<ClientBody>` 784; raise a
+    //! bound only with a reason in the commit message.
+    use super::*;
+
+    type StackFuture = rebound_core::stack::future::ResponseFuture<
+        HyperTransport<hyper_util::client::legacy::connect::HttpConnector>,
+        Body,
+        ResponseBody<Incoming>,
+        AnyClassifier,
+    >;
+
+    #[test]
+    fn what_a_request_moves_stays_small() {
+        let future = std::mem::size_of::<StackFuture>();
+        let response = std::mem::size_of::<Response<ClientBody>>();
+        let error = std::mem::size_of::<Error>();
+        assert!(future <= 1_320, "the client's future is {future} bytes");
+        assert!(response <= 648, "Response<ClientBody> is {response} bytes");
+        assert!(error <= 8, "Error is {error} bytes");
     }
 }

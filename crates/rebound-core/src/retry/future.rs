@@ -67,7 +67,7 @@ pin_project! {
             sleep: Sleep,
             drain: Option<Drain<ResB>>,
             until: Instant,
-            held: Option<Held<ResB>>,
+            held: Option<Box<Held<ResB>>>,
             // A shutdown's "stop waiting" signal, when the task carries one
             // (boxed, off the happy path: only a request that sleeps).
             closing: ClosingWait,
@@ -75,7 +75,7 @@ pin_project! {
         // Waiting for the inner service to be ready for the next attempt
         // (once the held retry, if any, has its body).
         Readying {
-            held: Option<Held<ResB>>,
+            held: Option<Box<Held<ResB>>>,
         },
         Done,
     }
@@ -88,9 +88,11 @@ pub(crate) struct Replay<S, B: RetryBody> {
     /// The request head and what the body kept, to copy for each retry.
     pub(crate) template: Option<(Parts, B::Kept)>,
     /// The next attempt's request, made before the sleep.
-    pub(crate) next: Option<Request<B>>,
+    /// (Boxed: only a request that is retried has one.)
+    pub(crate) next: Option<Box<Request<B>>>,
     /// Method and URI for naming errors, when there is no template.
-    pub(crate) name: Option<(Method, Uri)>,
+    /// (Boxed: only a request that cannot be retried has no template.)
+    pub(crate) name: Option<Box<(Method, Uri)>>,
     pub(crate) replayable: bool,
     pub(crate) idempotent: bool,
     pub(crate) deadline: Option<Instant>,
@@ -137,7 +139,7 @@ pub(crate) enum Slept<ResB> {
     Return(Result<Response<ResB>, Error>),
     /// The wait is over: the next attempt, once the retry held for its
     /// body (if any) is [resumed](Replay::resume) and the service ready.
-    Ready(Option<Held<ResB>>),
+    Ready(Option<Box<Held<ResB>>>),
 }
 
 pub(crate) enum Decision<ResB> {
@@ -145,7 +147,7 @@ pub(crate) enum Decision<ResB> {
     Retry {
         until: Instant,
         drain: Option<Drain<ResB>>,
-        held: Option<Held<ResB>>,
+        held: Option<Box<Held<ResB>>>,
     },
 }
 
@@ -209,7 +211,7 @@ where
             }
         };
         let name = if template.is_none() {
-            Some((parts.method.clone(), parts.uri.clone()))
+            Some(Box::new((parts.method.clone(), parts.uri.clone())))
         } else {
             None
         };
@@ -238,14 +240,14 @@ where
     pub(crate) fn take_name(&mut self) -> Option<(Method, Uri)> {
         match self.template.take() {
             Some((parts, _)) => Some((parts.method, parts.uri)),
-            None => self.name.take(),
+            None => self.name.take().map(|n| *n),
         }
     }
 
     pub(crate) fn name(&self) -> Option<(&Method, &Uri)> {
         match (&self.template, &self.name) {
             (Some((parts, _)), _) => Some((&parts.method, &parts.uri)),
-            (None, Some((m, u))) => Some((m, u)),
+            (None, Some(name)) => Some((&name.0, &name.1)),
             (None, None) => None,
         }
     }
@@ -393,12 +395,12 @@ where
                 return Decision::Retry {
                     until: until.unwrap_or(now),
                     drain: None,
-                    held: Some(Held {
+                    held: Some(Box::new(Held {
                         outcome,
                         plan,
                         moved: now,
                         buffered: false,
-                    }),
+                    })),
                 };
             }
             ext.insert(Verdict::Fatal {
@@ -448,7 +450,7 @@ where
         let next = self
             .next_request(n, verdict, hint, proposed, limiter, body)
             .ok_or(RetryStop::NotReplayable)?;
-        self.next = Some(next);
+        self.next = Some(Box::new(next));
         self.attempt = n + 1;
         Ok(())
     }
@@ -488,7 +490,7 @@ where
     ) -> Result<Response<ResB>, Error> {
         let out = self.finish(outcome, Some(stop));
         if let Some((parts, _kept)) = self.template.take() {
-            self.name = Some((parts.method, parts.uri));
+            self.name = Some(Box::new((parts.method, parts.uri)));
         }
         out
     }
@@ -537,7 +539,7 @@ where
         mut sleep: Pin<&mut Sleep>,
         drain: &mut Option<Drain<ResB>>,
         until: Instant,
-        held: &mut Option<Held<ResB>>,
+        held: &mut Option<Box<Held<ResB>>>,
     ) -> Slept<ResB> {
         if closed {
             // Shut down: no further attempt. The outcome held whole is
@@ -567,7 +569,7 @@ where
                 if !self.may_become_whole() {
                     // Passed its cap, or failed: no retry can be sent
                     // whole; the held outcome now.
-                    return match held.take().and_then(|h| self.resume(h)) {
+                    return match held.take().and_then(|h| self.resume(*h)) {
                         Some(out) => Slept::Return(out),
                         None => Slept::Ready(None),
                     };
@@ -750,7 +752,7 @@ where
                 }
                 StateProj::Readying { held } => {
                     if let Some(h) = held.take() {
-                        if let Some(out) = this.replay.resume(h) {
+                        if let Some(out) = this.replay.resume(*h) {
                             this.state.set(State::Done);
                             return Poll::Ready(out);
                         }
@@ -772,7 +774,7 @@ where
                         .next
                         .take()
                         .expect("a retry is only planned with its request");
-                    let fut = svc.call(req);
+                    let fut = svc.call(*req);
                     this.state.set(State::Called { fut });
                 }
                 StateProj::Done => panic!("retry ResponseFuture polled after completion"),

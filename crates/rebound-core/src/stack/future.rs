@@ -99,13 +99,13 @@ pin_project! {
         Admitting {
             wait: Wait<Admitted>,
             what: Waited,
-            req: Option<Request<B>>,
+            req: Option<Box<Request<B>>>,
         },
         // An attempt-level wait: the closing gate, the adaptive queue.
         Holding {
             wait: Wait<Option<AttemptSlot>>,
             from: Step,
-            req: Option<Request<B>>,
+            req: Option<Box<Request<B>>>,
         },
         // An attempt in flight.
         Calling {
@@ -115,29 +115,67 @@ pin_project! {
         // A write's status check, before the loop decides.
         Reconciling {
             check: Checking,
-            out: Option<Result<Response<Payload<ResB>>, Error>>,
+            out: Option<Box<Result<Response<Payload<ResB>>, Error>>>,
         },
         // Waiting for the inner service to be ready for the next attempt.
         Readying,
         // A response head in: its body read inside the attempt, for a
         // request that asked for it.
         Collecting {
-            #[pin]
-            body: ResB,
-            parts: Option<http::response::Parts>,
-            buf: Collecting,
+            collect: Pin<Box<Collect<ResB>>>,
         },
         // Waiting before the next attempt (see the retry loop).
         Sleeping {
             drain: Option<Drain<Payload<ResB>>>,
             until: Instant,
-            held: Option<Held<Payload<ResB>>>,
+            held: Option<Box<Held<Payload<ResB>>>>,
         },
         // The outcome, already complete.
+        // An outcome complete before any attempt (boxed: off the happy
+        // path; every later outcome is returned at once, not stored).
         Ready {
-            out: Option<Result<Response<StackBody<ResB>>, Error>>,
+            out: Option<Box<Result<Response<StackBody<ResB>>, Error>>>,
         },
         Done,
+    }
+}
+
+/// What a step of the path comes to: the next state (and the timer's
+/// instant), or the request's outcome, returned at once rather than kept
+/// in the future (which would make every future as large as a response).
+#[allow(clippy::large_enum_variant)] // a transient return value
+enum Flow<St, O> {
+    Go(St, Instant),
+    Done(O),
+}
+
+type Next<F, B, ResB> = Flow<State<F, B, ResB>, Result<Response<StackBody<ResB>>, Error>>;
+
+/// Take a [`Flow`] in `poll`: set the next state and reset the timer, or
+/// return the outcome.
+macro_rules! go {
+    ($this:ident, $next:expr) => {
+        match $next {
+            Flow::Go(state, until) => {
+                $this.state.set(state);
+                $this.timer.as_mut().reset(until);
+            }
+            Flow::Done(out) => {
+                $this.state.set(State::Done);
+                return Poll::Ready(out);
+            }
+        }
+    };
+}
+
+pin_project! {
+    /// A body being read inside the attempt (boxed in the state: only the
+    /// JSON helpers' requests read one).
+    struct Collect<ResB> {
+        #[pin]
+        body: ResB,
+        parts: Option<http::response::Parts>,
+        buf: Collecting,
     }
 }
 
@@ -209,7 +247,7 @@ struct Req<S, B: RetryBody, C> {
     // Read the response body inside the attempt, up to this many bytes.
     collect: Option<usize>,
     // The fallback's routes still to try, and which route this loop is.
-    routes: Option<Routes<B>>,
+    routes: Option<Box<Routes<B>>>,
     served: Option<Served>,
     // The operation id a status check would be asked about.
     operation: Option<OperationId>,
@@ -294,16 +332,24 @@ where
         let mut cut = None;
         let early = Self::admit(&mut r, &mut cut, now, ours, req);
         let (state, until) = match early {
-            Admission::Ready(req) => Self::first(&mut r, req),
+            Admission::Ready(req) => match Self::first(&mut r, req) {
+                Flow::Go(state, until) => (state, until),
+                Flow::Done(out) => (
+                    State::Ready {
+                        out: Some(Box::new(out)),
+                    },
+                    r.deadline,
+                ),
+            },
             Admission::Waiting(wait, what, req) => (
                 State::Admitting {
                     wait,
                     what,
-                    req: Some(req),
+                    req: Some(Box::new(req)),
                 },
                 r.deadline,
             ),
-            Admission::Finished(out) => (State::Ready { out: Some(*out) }, r.deadline),
+            Admission::Finished(out) => (State::Ready { out: Some(out) }, r.deadline),
         };
         ResponseFuture {
             state,
@@ -419,7 +465,7 @@ where
     /// Below the permit: the idempotency key, gRPC marking, the retry
     /// loop's set-up, then the first attempt. Returns the state and the
     /// timer's instant.
-    fn first(r: &mut Req<S, B, C>, mut req: Request<B>) -> (State<S::Future, B, ResB>, Instant) {
+    fn first(r: &mut Req<S, B, C>, mut req: Request<B>) -> Next<S::Future, B, ResB> {
         if let Some(keys) = &r.cfg.idempotency {
             r.conflicts = keys.stamp(&mut req);
         }
@@ -428,7 +474,7 @@ where
         if let Some(fallback) = &r.cfg.fallback {
             let (saved, routes) = Routes::save(fallback, req, Some(r.deadline));
             req = saved;
-            r.routes = routes;
+            r.routes = routes.map(Box::new);
         }
         Self::run_loop(r, req)
     }
@@ -436,7 +482,7 @@ where
     /// One retry loop for `req` (the primary's, or an alternate route's):
     /// gRPC marking, the breaker's admission, the loop's set-up, the first
     /// attempt.
-    fn run_loop(r: &mut Req<S, B, C>, mut req: Request<B>) -> (State<S::Future, B, ResB>, Instant) {
+    fn run_loop(r: &mut Req<S, B, C>, mut req: Request<B>) -> Next<S::Future, B, ResB> {
         if let Some(mark) = &r.cfg.mark {
             if mark.is_marked(&req) {
                 req.extensions_mut().insert(Idempotent);
@@ -461,7 +507,7 @@ where
     }
 
     /// Start an attempt: its span, then its admission and call.
-    fn attempt(r: &mut Req<S, B, C>, mut req: Request<B>) -> (State<S::Future, B, ResB>, Instant) {
+    fn attempt(r: &mut Req<S, B, C>, mut req: Request<B>) -> Next<S::Future, B, ResB> {
         let attempt = begin_attempt(r.cfg.trace.config(), &mut req);
         r.previous_delay = req
             .extensions()
@@ -478,20 +524,17 @@ where
         Self::started(r, started)
     }
 
-    fn started(
-        r: &mut Req<S, B, C>,
-        started: Started<S::Future, B>,
-    ) -> (State<S::Future, B, ResB>, Instant) {
+    fn started(r: &mut Req<S, B, C>, started: Started<S::Future, B>) -> Next<S::Future, B, ResB> {
         match started {
             Started::Called(fut) => {
                 let until = Self::arm(r);
-                (State::Calling { fut }, until)
+                Flow::Go(State::Calling { fut }, until)
             }
-            Started::Waiting(wait, from, req) => (
+            Started::Waiting(wait, from, req) => Flow::Go(
                 State::Holding {
                     wait,
                     from,
-                    req: Some(req),
+                    req: Some(Box::new(req)),
                 },
                 r.deadline,
             ),
@@ -587,7 +630,7 @@ where
         r: &mut Req<S, B, C>,
         mut out: Result<Response<ResB>, Error>,
         from: From,
-    ) -> (State<S::Future, B, ResB>, Instant) {
+    ) -> Next<S::Future, B, ResB> {
         if from == From::Transport {
             let verdict = r.cfg.classifier.classify(&out);
             if !verdict.is_success() {
@@ -620,14 +663,12 @@ where
                     return Self::judged_on(r, Err(err), From::Collect);
                 }
                 let buf = Collecting::new(announced.min(max as u64) as usize);
-                return (
-                    State::Collecting {
-                        body,
-                        parts: Some(parts),
-                        buf,
-                    },
-                    r.deadline,
-                );
+                let collect = Box::pin(Collect {
+                    body,
+                    parts: Some(parts),
+                    buf,
+                });
+                return Flow::Go(State::Collecting { collect }, r.deadline);
             }
             // Already judged by the classifier.
             return Self::judged_on(r, out.map(|res| res.map(Payload::stream)), From::Admission);
@@ -641,7 +682,7 @@ where
         r: &mut Req<S, B, C>,
         mut out: Result<Response<Payload<ResB>>, Error>,
         from: From,
-    ) -> (State<S::Future, B, ResB>, Instant) {
+    ) -> Next<S::Future, B, ResB> {
         if from == From::Collect {
             if let Err(err) = out {
                 let raw: Result<Response<ResB>, Error> = Err(err);
@@ -700,10 +741,10 @@ where
         if let (Some(hook), Some(id)) = (&r.cfg.reconcile, &r.operation) {
             if ReconcileHook::wants(&out) {
                 let check = hook.ask(id.clone(), r.deadline);
-                return (
+                return Flow::Go(
                     State::Reconciling {
                         check,
-                        out: Some(out),
+                        out: Some(Box::new(out)),
                     },
                     r.deadline,
                 );
@@ -716,7 +757,7 @@ where
     fn decided(
         r: &mut Req<S, B, C>,
         out: Result<Response<Payload<ResB>>, Error>,
-    ) -> (State<S::Future, B, ResB>, Instant) {
+    ) -> Next<S::Future, B, ResB> {
         let replay = r.replay.as_mut().expect("an attempt has a loop");
         match replay.decide(out) {
             Decision::Return(out) => Self::loop_done(r, out),
@@ -727,7 +768,7 @@ where
                     Some(_) => until.min(Instant::now() + DRAIN_MAX_TIME),
                     None => until,
                 };
-                (State::Sleeping { drain, until, held }, first)
+                Flow::Go(State::Sleeping { drain, until, held }, first)
             }
         }
     }
@@ -738,7 +779,7 @@ where
     fn loop_done(
         r: &mut Req<S, B, C>,
         mut out: Result<Response<Payload<ResB>>, Error>,
-    ) -> (State<S::Future, B, ResB>, Instant) {
+    ) -> Next<S::Future, B, ResB> {
         if let Some(track) = r.track.take() {
             track.settle(&out);
         }
@@ -762,7 +803,7 @@ where
             }
         }
         let out = r.complete(out, Up::Retry);
-        (State::Ready { out: Some(out) }, r.deadline)
+        Flow::Done(out)
     }
 }
 
@@ -988,7 +1029,7 @@ where
                 StateProj::Ready { out } => {
                     let out = out.take().expect("polled after completion");
                     this.state.set(State::Done);
-                    return Poll::Ready(out);
+                    return Poll::Ready(*out);
                 }
                 StateProj::Admitting { wait, what, req } => {
                     let what = *what;
@@ -1004,8 +1045,8 @@ where
                             Waited::Permit => Up::Permit,
                         };
                         let out = r.complete(Err(err), up);
-                        this.state.set(State::Ready { out: Some(out) });
-                        continue;
+                        this.state.set(State::Done);
+                        return Poll::Ready(out);
                     }
                     let admitted = match wait.as_mut().poll(cx) {
                         Poll::Ready(admitted) => admitted,
@@ -1018,8 +1059,8 @@ where
                             let err =
                                 RequestName::of(req).name(Error::timeout(TimeoutStage::Deadline));
                             let out = r.complete(Err(err), Up::Close);
-                            this.state.set(State::Ready { out: Some(out) });
-                            continue;
+                            this.state.set(State::Done);
+                            return Poll::Ready(out);
                         }
                     };
                     let req = req.take().expect("waiting with its request");
@@ -1030,27 +1071,33 @@ where
                                 Waited::Permit => Up::Permit,
                             };
                             let out = r.complete(Err(err), up);
-                            this.state.set(State::Ready { out: Some(out) });
-                            continue;
+                            this.state.set(State::Done);
+                            return Poll::Ready(out);
                         }
-                        Ok(Admitted::GateOpen) => Self::admit_permit(r, req),
+                        Ok(Admitted::GateOpen) => Self::admit_permit(r, *req),
                         Ok(Admitted::Permit(permit)) => {
                             r.permit = Some(permit);
                             r.queued_state = r.cfg.concurrency.as_ref().map(|l| l.observed());
-                            Self::admit_gate(r, req)
+                            Self::admit_gate(r, *req)
                         }
                     };
                     let (state, until) = match admission {
-                        Admission::Ready(req) => Self::first(r, req),
+                        Admission::Ready(req) => match Self::first(r, req) {
+                            Flow::Go(state, until) => (state, until),
+                            Flow::Done(out) => {
+                                this.state.set(State::Done);
+                                return Poll::Ready(out);
+                            }
+                        },
                         Admission::Waiting(wait, what, req) => (
                             State::Admitting {
                                 wait,
                                 what,
-                                req: Some(req),
+                                req: Some(Box::new(req)),
                             },
                             r.deadline,
                         ),
-                        Admission::Finished(out) => (State::Ready { out: Some(*out) }, r.deadline),
+                        Admission::Finished(out) => (State::Ready { out: Some(out) }, r.deadline),
                     };
                     this.state.set(state);
                     this.timer.as_mut().reset(until);
@@ -1064,9 +1111,7 @@ where
                             _ => "shut down while held at the gate",
                         };
                         let err = closed_while_waiting(req, detail);
-                        let (state, until) = Self::judged(r, Err(err), From::Admission);
-                        this.state.set(state);
-                        this.timer.as_mut().reset(until);
+                        go!(this, Self::judged(r, Err(err), From::Admission));
                         continue;
                     }
                     let waited = match wait.as_mut().poll(cx) {
@@ -1086,8 +1131,8 @@ where
                             if let Some(attempt) = attempt {
                                 attempt.cancelled();
                             }
-                            this.state.set(State::Ready { out: Some(out) });
-                            continue;
+                            this.state.set(State::Done);
+                            return Poll::Ready(out);
                         }
                     };
                     let req = req.take().expect("waiting with its request");
@@ -1099,12 +1144,10 @@ where
                             }
                             let span = r.attempt.as_ref().map(|a| a.span.clone());
                             let _entered = span.as_ref().map(tracing::Span::enter);
-                            Self::admit_attempt(r, req, from)
+                            Self::admit_attempt(r, *req, from)
                         }
                     };
-                    let (state, until) = Self::started(r, started);
-                    this.state.set(state);
-                    this.timer.as_mut().reset(until);
+                    go!(this, Self::started(r, started));
                 }
                 StateProj::Calling { fut } => {
                     let span = r.attempt.as_ref().map(|a| a.span.clone());
@@ -1126,15 +1169,11 @@ where
                         }
                     };
                     drop(entered);
-                    let (state, until) = Self::judged(r, out, From::Transport);
-                    this.state.set(state);
-                    this.timer.as_mut().reset(until);
+                    go!(this, Self::judged(r, out, From::Transport));
                 }
-                StateProj::Collecting {
-                    mut body,
-                    parts,
-                    buf,
-                } => {
+                StateProj::Collecting { collect } => {
+                    let c = collect.as_mut().project();
+                    let (mut body, parts, buf) = (c.body, c.parts, c.buf);
                     let max = r.collect.unwrap_or(usize::MAX);
                     // Bounded by the cap: every data frame adds to the
                     // buffer's length or is empty.
@@ -1163,9 +1202,7 @@ where
                         }
                     };
                     let done = done.map_err(|err| r.named(err));
-                    let (state, until) = Self::judged_on(r, done, From::Collect);
-                    this.state.set(state);
-                    this.timer.as_mut().reset(until);
+                    go!(this, Self::judged_on(r, done, From::Collect));
                 }
                 StateProj::Sleeping { drain, until, held } => {
                     let closed = poll_closed_for(&mut r.closing, &r.cfg.shutdown, cx);
@@ -1180,18 +1217,14 @@ where
                     ) {
                         Slept::Pending => return Poll::Pending,
                         Slept::Return(out) => {
-                            let (state, until) = Self::loop_done(r, out);
-                            this.state.set(state);
-                            this.timer.as_mut().reset(until);
+                            go!(this, Self::loop_done(r, out));
                             continue;
                         }
                         Slept::Ready(held) => held,
                     };
                     if let Some(h) = held {
-                        if let Some(out) = replay.resume(h) {
-                            let (state, until) = Self::loop_done(r, out);
-                            this.state.set(state);
-                            this.timer.as_mut().reset(until);
+                        if let Some(out) = replay.resume(*h) {
+                            go!(this, Self::loop_done(r, out));
                             continue;
                         }
                     }
@@ -1202,16 +1235,14 @@ where
                         Poll::Ready(checked) => checked,
                         Poll::Pending => return Poll::Pending,
                     };
-                    let out = out.take().expect("polled after completion");
+                    let out = *out.take().expect("polled after completion");
                     let hook = r.cfg.reconcile.as_ref().expect("reconciling with a check");
                     let id = r.operation.clone().expect("reconciling an operation");
                     let name = r.request_name().expect("an attempt has a name");
                     let out = hook.settle(checked, id, out, &name, |res| {
                         res.map(|body| Payload::Collected { body })
                     });
-                    let (state, until) = Self::decided(r, out);
-                    this.state.set(state);
-                    this.timer.as_mut().reset(until);
+                    go!(this, Self::decided(r, out));
                 }
                 StateProj::Readying => {
                     match r.svc.poll_ready(cx) {
@@ -1222,9 +1253,7 @@ where
                             // gone.
                             replay.attempt -= 1;
                             let out = replay.finish(Err(Error::from_boxed(e.into())), None);
-                            let (state, until) = Self::loop_done(r, out);
-                            this.state.set(state);
-                            this.timer.as_mut().reset(until);
+                            go!(this, Self::loop_done(r, out));
                         }
                         Poll::Ready(Ok(())) => {
                             let req = r
@@ -1232,9 +1261,7 @@ where
                                 .as_mut()
                                 .and_then(|replay| replay.next.take())
                                 .expect("a retry is only planned with its request");
-                            let (state, until) = Self::attempt(r, req);
-                            this.state.set(state);
-                            this.timer.as_mut().reset(until);
+                            go!(this, Self::attempt(r, *req));
                         }
                     }
                 }

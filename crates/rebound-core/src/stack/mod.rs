@@ -434,6 +434,47 @@ impl<C: Clone> StackLayer<C> {
     }
 }
 
+impl<C> StackLayer<C> {
+    /// The layers this stack stands for, outer to inner, as configured:
+    /// the names of the table in the [module docs](self), an option that
+    /// is off left out. (The ready-made client's README table is checked
+    /// against this.)
+    pub fn layers(&self) -> Vec<&'static str> {
+        let c = &self.cfg;
+        let gate = c
+            .gate
+            .as_ref()
+            .is_some_and(|g| g.gate_mode() != crate::gate::GateMode::Off);
+        let mut v = vec!["TraceLayer"];
+        if c.shutdown.is_some() {
+            v.push("ShutdownLayer");
+        }
+        v.extend(["CancelLayer", "DeadlineLayer"]);
+        if gate {
+            v.push("RetryAfterGateLayer (holding)");
+        }
+        let on = |v: &mut Vec<&'static str>, yes: bool, name: &'static str| {
+            if yes {
+                v.push(name);
+            }
+        };
+        on(&mut v, c.concurrency.is_some(), "ConcurrencyLimitLayer");
+        on(&mut v, c.idempotency.is_some(), "IdempotencyKeyLayer");
+        on(&mut v, c.fallback.is_some(), "FallbackLayer");
+        on(&mut v, c.mark.is_some(), "MarkRetryableLayer");
+        on(&mut v, c.breaker.is_some(), "CircuitBreakerLayer");
+        v.push("RetryLayer");
+        on(&mut v, c.reconcile.is_some(), "ReconcileLayer");
+        v.push("AttemptTraceLayer");
+        on(&mut v, c.propagate.is_some(), "PropagateDeadlineLayer");
+        v.push("BackoffLayer");
+        on(&mut v, gate, "RetryAfterGateLayer");
+        on(&mut v, c.adaptive.is_some(), "AdaptiveLimitLayer");
+        v.extend(["RetryAfterLayer", "ClassifyLayer", "AttemptTimeoutLayer"]);
+        v
+    }
+}
+
 impl<S, C> Layer<S> for StackLayer<C> {
     type Service = Stack<S, C>;
 

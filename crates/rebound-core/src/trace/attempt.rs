@@ -162,7 +162,7 @@ pub(crate) fn begin_attempt<B>(cfg: &Arc<Config>, req: &mut Request<B>) -> Attem
     // DEBUG `attempt finished` event outlives this call.
     let context = |level: Level| {
         (span.is_disabled() && tracing::level_enabled!(level))
-            .then(|| RequestContext::new(cfg, req))
+            .then(|| Box::new(RequestContext::new(cfg, req)))
     };
     let ctx = context(Level::DEBUG);
     // The retry loop stamps `PreviousAttempt` only on an attempt it
@@ -180,7 +180,7 @@ pub(crate) fn begin_attempt<B>(cfg: &Arc<Config>, req: &mut Request<B>) -> Attem
             previous,
             budget_left,
             limiter,
-            ctx.as_ref().or(info_ctx.as_ref()),
+            ctx.as_deref().or(info_ctx.as_deref()),
         );
         #[cfg(feature = "metrics")]
         {
@@ -189,14 +189,7 @@ pub(crate) fn begin_attempt<B>(cfg: &Arc<Config>, req: &mut Request<B>) -> Attem
             crate::metrics::record_retry(req.method(), reason, source);
         }
     }
-    AttemptState::new(
-        span,
-        cfg.clone(),
-        req.method().clone(),
-        ctx,
-        attempt,
-        budget_left,
-    )
+    AttemptState::new(span, cfg.clone(), req.method(), ctx, attempt, budget_left)
 }
 
 fn attempt_span(attempt: u32, budget_left: Option<u32>) -> Span {

@@ -46,7 +46,7 @@ pin_project! {
 /// off, the request's redacted name.
 pub(crate) struct BodyWatch {
     pub(crate) span: Span,
-    pub(crate) ctx: Option<RequestContext>,
+    pub(crate) ctx: Option<Box<RequestContext>>,
     pub(crate) cfg: Arc<Config>,
 }
 
@@ -121,7 +121,7 @@ impl BodyWatch {
             ErrorKind::Timeout(stage) => Some(stage.as_str()),
             _ => None,
         };
-        let ctx = self.ctx.as_ref();
+        let ctx = self.ctx.as_deref();
         let path = ctx.and_then(|c| self.cfg.shown_path(&c.uri));
         let _entered = self.span.enter();
         tracing::warn!(

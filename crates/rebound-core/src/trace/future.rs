@@ -95,8 +95,9 @@ where
 pub(crate) struct RequestState {
     pub(crate) span: Span,
     cfg: Arc<Config>,
+    #[cfg(feature = "metrics")]
     method: Method,
-    ctx: Option<RequestContext>,
+    ctx: Option<Box<RequestContext>>,
     // `None` when no one was interested as the request started.
     start: Option<Instant>,
 }
@@ -105,14 +106,17 @@ impl RequestState {
     pub(crate) fn new(
         span: Span,
         cfg: Arc<Config>,
-        method: Method,
-        ctx: Option<RequestContext>,
+        method: &Method,
+        ctx: Option<Box<RequestContext>>,
     ) -> Self {
+        #[cfg(not(feature = "metrics"))]
+        let _ = method;
         let start = start_if(observed(&span, Level::WARN));
         RequestState {
             span,
             cfg,
-            method,
+            #[cfg(feature = "metrics")]
+            method: method.clone(),
             ctx,
             start,
         }
@@ -189,7 +193,7 @@ impl RequestState {
         } else {
             "request finished without success"
         };
-        let ctx = self.ctx.as_ref();
+        let ctx = self.ctx.as_deref();
         let path = ctx.and_then(|c| self.cfg.shown_path(&c.uri));
         let _entered = span.enter();
         event_at!(
@@ -225,8 +229,6 @@ impl RequestState {
                 crate::metrics::record_limiter(l);
             }
         }
-        #[cfg(not(feature = "metrics"))]
-        let _ = &self.method;
     }
 
     /// The caller dropped the future before it completed.
@@ -238,7 +240,7 @@ impl RequestState {
         if let Some(elapsed) = elapsed {
             span.record("rebound.elapsed_ms", millis(elapsed));
         }
-        let ctx = self.ctx.as_ref();
+        let ctx = self.ctx.as_deref();
         let path = ctx.and_then(|c| self.cfg.shown_path(&c.uri));
         let _entered = span.enter();
         tracing::debug!(
@@ -328,8 +330,9 @@ where
 pub(crate) struct AttemptState {
     pub(crate) span: Span,
     cfg: Arc<Config>,
+    #[cfg(feature = "metrics")]
     method: Method,
-    ctx: Option<RequestContext>,
+    ctx: Option<Box<RequestContext>>,
     attempt: u32,
     budget_left: Option<u32>,
     // `None` when no one was interested as the attempt started.
@@ -340,16 +343,19 @@ impl AttemptState {
     pub(crate) fn new(
         span: Span,
         cfg: Arc<Config>,
-        method: Method,
-        ctx: Option<RequestContext>,
+        method: &Method,
+        ctx: Option<Box<RequestContext>>,
         attempt: u32,
         budget_left: Option<u32>,
     ) -> Self {
+        #[cfg(not(feature = "metrics"))]
+        let _ = method;
         let start = start_if(observed(&span, Level::DEBUG));
         AttemptState {
             span,
             cfg,
-            method,
+            #[cfg(feature = "metrics")]
+            method: method.clone(),
             ctx,
             attempt,
             budget_left,
@@ -419,7 +425,7 @@ impl AttemptState {
         // Always DEBUG: whether a retryable attempt is retried is the retry
         // loop's decision, logged at INFO (`retrying`) when the next attempt
         // starts, or at WARN (`request failed; giving up`) by the request.
-        let ctx = self.ctx.as_ref();
+        let ctx = self.ctx.as_deref();
         let path = ctx.and_then(|c| self.cfg.shown_path(&c.uri));
         let _entered = span.enter();
         tracing::debug!(
@@ -462,8 +468,6 @@ impl AttemptState {
                 crate::metrics::record_gate_wait(w);
             }
         }
-        #[cfg(not(feature = "metrics"))]
-        let _ = &self.method;
     }
 
     /// The attempt was dropped before it completed (the request was

@@ -186,8 +186,8 @@ pub(crate) fn begin<B>(cfg: &Arc<Config>, req: &mut Request<B>) -> RequestState 
     let span = request_span(cfg, req);
     // With spans off, an INFO/WARN event must name its request itself.
     let ctx = (span.is_disabled() && tracing::level_enabled!(Level::INFO))
-        .then(|| RequestContext::new(cfg, req));
-    RequestState::new(span, cfg.clone(), req.method().clone(), ctx)
+        .then(|| Box::new(RequestContext::new(cfg, req)));
+    RequestState::new(span, cfg.clone(), req.method(), ctx)
 }
 
 /// The request span. Field values are computed only when the span is
