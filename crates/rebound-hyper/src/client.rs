@@ -576,7 +576,10 @@ pub struct ClientBuilder {
     classifier: AnyClassifier,
     retry_methods: Option<Vec<http::Method>>,
     grpc_methods: Option<RetryableMethods>,
-    propagate: Option<PropagateDeadlineLayer>,
+    /// `grpc-timeout` on gRPC attempts: `None` until set, then on by
+    /// default with [`grpc_retryable_methods`](Self::grpc_retryable_methods).
+    grpc_timeout: Option<bool>,
+    deadline_header: Option<http::HeaderName>,
     concurrency: Option<usize>,
     concurrency_shared: Option<Arc<ConcurrencyLimiter>>,
     adaptive: Option<Aimd>,
@@ -613,7 +616,8 @@ impl Default for ClientBuilder {
             classifier: AnyClassifier::Http(HttpClassifier::default()),
             retry_methods: None,
             grpc_methods: None,
-            propagate: None,
+            grpc_timeout: None,
+            deadline_header: None,
             concurrency: None,
             concurrency_shared: None,
             adaptive: Some(default_adaptive_limit()),
@@ -810,7 +814,6 @@ impl ClientBuilder {
     /// none (a gRPC call is retried only when it was never sent).
     pub fn grpc_retryable_methods(mut self, methods: RetryableMethods) -> Self {
         self.grpc_methods = Some(methods);
-        self.propagate = Some(self.propagate.take().unwrap_or_default());
         self
     }
 
@@ -818,9 +821,11 @@ impl ClientBuilder {
     /// attempt of a gRPC call (never larger than the time left; see
     /// [`PropagateDeadlineLayer`]). Default: off, so that plain HTTP
     /// requests do not pay the header look-up.
+    /// Setting it, either way, wins over the default that
+    /// [`grpc_retryable_methods`](Self::grpc_retryable_methods) implies, in
+    /// whatever order the two are called.
     pub fn propagate_grpc_timeout(mut self, enabled: bool) -> Self {
-        let layer = self.propagate.take().unwrap_or_default();
-        self.propagate = Some(layer.grpc_timeout(enabled));
+        self.grpc_timeout = Some(enabled);
         self
     }
 
@@ -830,12 +835,22 @@ impl ClientBuilder {
     /// [`InboundDeadlineLayer::header`](rebound_core::grpc::InboundDeadlineLayer::header)).
     /// Default: no such header.
     pub fn deadline_header(mut self, name: http::HeaderName) -> Self {
-        let layer = self
-            .propagate
-            .take()
-            .unwrap_or_else(|| PropagateDeadlineLayer::new().grpc_timeout(false));
-        self.propagate = Some(layer.header(name));
+        self.deadline_header = Some(name);
         self
+    }
+
+    /// The deadline propagation these settings ask for, whatever the order
+    /// they were made in.
+    fn propagation(&self) -> Option<PropagateDeadlineLayer> {
+        let grpc = self.grpc_timeout.unwrap_or(self.grpc_methods.is_some());
+        if !grpc && self.deadline_header.is_none() {
+            return None;
+        }
+        let layer = PropagateDeadlineLayer::new().grpc_timeout(grpc);
+        Some(match &self.deadline_header {
+            Some(name) => layer.header(name.clone()),
+            None => layer,
+        })
     }
 
     /// Speak HTTP/2 from the first byte, plain-text connections included
@@ -1242,6 +1257,7 @@ impl ClientBuilder {
         // A hedge, a fallback or a reconcile check still runs on the
         // layered stack; every other client runs on the one-service stack.
         let layered = !self.hedge.is_off();
+        let propagation = self.propagation();
         let total = timeouts.total;
         let deadline = DeadlineLayer::try_new(total)?;
         let attempt = AttemptTimeoutLayer::try_new(timeouts.attempt)?;
@@ -1377,9 +1393,9 @@ impl ClientBuilder {
         // gRPC's two layers only when configured: a plain HTTP request
         // then pays nothing for them (not even a header look-up).
         let stack_mark = self.grpc_methods.clone().map(MarkRetryableLayer::new);
-        let stack_propagate = self.propagate.clone();
+        let stack_propagate = propagation.clone();
         let mark = option_layer(self.grpc_methods.map(MarkRetryableLayer::new));
-        let propagate = option_layer(self.propagate);
+        let propagate = option_layer(propagation);
 
         // The client's own short path: every layer's policy called from
         // one service and one future (rebound_core::stack).
