@@ -90,6 +90,8 @@ async fn fallback_after_503_on_every_attempt_the_secondary_serves_without_author
     let served = res.extensions().get::<Served>().unwrap().clone();
     assert_eq!(served.route, 1);
     assert_eq!(&*served.host, "127.0.0.1");
+    // The port tells two routes on one host apart (issue 20).
+    assert_eq!(served.port, secondary.addr().port());
     assert_eq!(&body_of(res).await[..], b"ok");
 
     let first = primary.requests_to("/v1/chat");

@@ -228,6 +228,9 @@ pub struct Served {
     pub route: usize,
     /// The route's host (no userinfo, no path, no query).
     pub host: Arc<str>,
+    /// The route's port: the URL's, or its scheme's (443, 80), so that two
+    /// routes to one host on different ports can be told apart.
+    pub port: u16,
 }
 
 type Rewrite = Arc<dyn Fn(&mut http::request::Parts) + Send + Sync>;
@@ -238,6 +241,7 @@ type Rewrite = Arc<dyn Fn(&mut http::request::Parts) + Send + Sync>;
 pub struct Route {
     base: Result<(http::uri::Scheme, http::uri::Authority, String), String>,
     host: Arc<str>,
+    port: u16,
     rewrite: Option<Rewrite>,
 }
 
@@ -268,13 +272,21 @@ impl Route {
             let prefix = uri.path().trim_end_matches('/').to_owned();
             Ok((scheme, authority, prefix))
         })();
-        let host = match &base {
-            Ok((_, a, _)) => Arc::from(a.host()),
-            Err(_) => Arc::from(""),
+        let (host, port) = match &base {
+            Ok((scheme, a, _)) => {
+                let port = a.port_u16().unwrap_or(if *scheme == http::uri::Scheme::HTTPS {
+                    443
+                } else {
+                    80
+                });
+                (Arc::from(a.host()), port)
+            }
+            Err(_) => (Arc::from(""), 0),
         };
         Route {
             base: base.map_err(|e: String| e),
             host,
+            port,
             rewrite: None,
         }
     }
@@ -742,6 +754,7 @@ impl<B: RetryBody> Routes<B> {
         let served = Served {
             route: index,
             host: route.host.clone(),
+            port: route.port,
         };
         Some(Ok((Request::from_parts(parts, b), served)))
     }

@@ -101,6 +101,7 @@ async fn primary_503_times_attempts_then_the_secondary_serves_marked() {
     let served = res.extensions().get::<Served>().unwrap();
     assert_eq!(served.route, 1);
     assert_eq!(&*served.host, "secondary.example");
+    assert_eq!(served.port, 443, "the scheme's port when the URL has none");
     assert_eq!(Attempts::of(res.extensions()), 1, "the route's own loop");
     let seen = seen.lock().unwrap();
     assert_eq!(seen.len(), 4);
