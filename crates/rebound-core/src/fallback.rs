@@ -274,11 +274,13 @@ impl Route {
         })();
         let (host, port) = match &base {
             Ok((scheme, a, _)) => {
-                let port = a.port_u16().unwrap_or(if *scheme == http::uri::Scheme::HTTPS {
-                    443
-                } else {
-                    80
-                });
+                let port = a
+                    .port_u16()
+                    .unwrap_or(if *scheme == http::uri::Scheme::HTTPS {
+                        443
+                    } else {
+                        80
+                    });
                 (Arc::from(a.host()), port)
             }
             Err(_) => (Arc::from(""), 0),

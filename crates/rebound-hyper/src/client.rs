@@ -1385,6 +1385,7 @@ impl ClientBuilder {
             .clone()
             .unwrap_or_else(|| Some(CircuitBreakerLayer::default()));
         let breaker = tower::util::option_layer(stack_breaker.clone());
+        let client_breaker = stack_breaker.clone();
         let trace = match self.path_redaction {
             Some(path) => self.trace.with_path_redaction(path),
             None => self.trace,
@@ -1437,6 +1438,7 @@ impl ClientBuilder {
                 path: trace.path_redaction().clone(),
                 shutdown,
                 layers,
+                breaker: client_breaker,
             });
         }
 
@@ -1490,6 +1492,7 @@ impl ClientBuilder {
             path: trace.path_redaction().clone(),
             shutdown,
             layers,
+            breaker: client_breaker,
         })
     }
 }
@@ -1533,6 +1536,8 @@ pub struct Client {
     shutdown: ShutdownHandle,
     /// What [`Client::layers`] says.
     layers: Arc<[&'static str]>,
+    /// The client's circuit breaker, for [`Client::circuit_state`].
+    breaker: Option<CircuitBreakerLayer>,
 }
 
 impl fmt::Debug for Client {
@@ -1597,6 +1602,14 @@ impl Client {
     /// (`rebound_core::stack`); a client with a hedge runs them stacked.
     pub fn layers(&self) -> &[&'static str] {
         &self.layers
+    }
+
+    /// The state of the circuit `uri` belongs to in this client's circuit
+    /// breaker (the default one included): `Closed` for a host never seen,
+    /// `HalfOpen` for an open circuit whose break is over. `None` when the
+    /// client has no breaker ([`circuit_breaker(None)`](ClientBuilder::circuit_breaker)).
+    pub fn circuit_state(&self, uri: &Uri) -> Option<rebound_core::CircuitState> {
+        self.breaker.as_ref().map(|b| b.state(uri))
     }
 
     /// Whether [`shutdown`](Self::shutdown) was called.
