@@ -1,6 +1,6 @@
 //! Hedging over real sockets (issue 13's acceptance): a hung first attempt
-//! is overtaken by its hedge and its connection closed; a POST without a
-//! key is never hedged; hedges stop when the retry budget is empty.
+//! is overtaken by its hedge and its connection closed; a POST without the
+//! caller's own key is never hedged; hedges stop when the retry budget is empty.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -86,44 +86,64 @@ async fn a_hung_get_is_answered_by_its_hedge_and_its_connection_closed() {
 }
 
 #[tokio::test]
-async fn a_post_without_a_key_is_never_hedged_and_one_with_a_key_is() {
+async fn a_post_is_hedged_only_with_the_callers_own_key() {
     let slow = || Action::status(200).delay(Duration::from_millis(400));
     let server = FaultServer::builder()
-        .route("/orders", [slow(), slow(), slow()])
+        .route("/orders", [slow(), slow(), slow(), slow(), slow(), slow()])
         .start()
         .await;
-    let post = || {
-        Request::builder()
+    let post = |key: Option<&str>| {
+        let mut b = Request::builder()
             .method(Method::POST)
-            .uri(server.url("/orders"))
-            .body(Body::from(r#"{"amount":42}"#))
+            .uri(server.url("/orders"));
+        if let Some(key) = key {
+            b = b.header("idempotency-key", key);
+        }
+        b.body(Body::from(r#"{"amount":42}"#)).unwrap()
+    };
+    let send = |client: Client, req| async move {
+        tokio::time::timeout(BOUND, client.send(req))
+            .await
+            .expect("bounded")
             .unwrap()
     };
     // No key (the key layer off): sent once, slow as it is.
-    let plain = client(hedging().idempotency_keys(false));
-    let res = tokio::time::timeout(BOUND, plain.send(post()))
-        .await
-        .expect("bounded")
-        .unwrap();
+    let res = send(client(hedging().idempotency_keys(false)), post(None)).await;
     assert_eq!(res.status(), 200);
     assert!(res.extensions().get::<Hedged>().is_none());
     assert_eq!(server.requests_to("/orders").len(), 1);
 
-    // With the default key: hedged, and both copies carry the same key.
-    let keyed = client(hedging());
-    let res = tokio::time::timeout(BOUND, keyed.send(post()))
-        .await
-        .expect("bounded")
-        .unwrap();
+    // The key the client makes (the default): retryable, but not hedged
+    // (issue 20: a hedge copies a write with no failure signal at all).
+    let res = send(client(hedging()), post(None)).await;
+    assert!(res.extensions().get::<Hedged>().is_none());
+    let seen = server.requests_to("/orders");
+    assert_eq!(seen.len(), 2);
+    assert!(
+        seen[1].header("idempotency-key").is_some(),
+        "a key was made"
+    );
+
+    // The caller's own key: hedged, and both copies carry that key and body.
+    let res = send(client(hedging()), post(Some("order-42"))).await;
     assert_eq!(res.status(), 200);
     assert_eq!(res.extensions().get::<Hedged>().map(|h| h.copies), Some(2));
     let seen = server.requests_to("/orders");
-    assert_eq!(seen.len(), 3);
-    let k1 = seen[1].header("idempotency-key").expect("a key");
-    let k2 = seen[2].header("idempotency-key").expect("a key");
-    assert_eq!(k1, k2);
-    // Both copies carry the same body.
-    assert_eq!(seen[1].body, seen[2].body);
+    assert_eq!(seen.len(), 4);
+    assert_eq!(seen[2].header("idempotency-key"), Some("order-42"));
+    assert_eq!(seen[3].header("idempotency-key"), Some("order-42"));
+    assert_eq!(seen[2].body, seen[3].body);
+
+    // Asked for: a made key is hedged too.
+    let opted = Client::builder().hedge(HedgePolicy::fixed(DELAY).hedge_generated_keys(true));
+    let res = send(client(opted), post(None)).await;
+    assert_eq!(res.extensions().get::<Hedged>().map(|h| h.copies), Some(2));
+    let seen = server.requests_to("/orders");
+    assert_eq!(seen.len(), 6);
+    assert_eq!(
+        seen[4].header("idempotency-key"),
+        seen[5].header("idempotency-key")
+    );
 }
 
 #[tokio::test]

@@ -211,6 +211,15 @@ impl fmt::Debug for IdempotencyKey {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Idempotent;
 
+/// The request's [`IdempotencyKey`] was made by the idempotency-key layer,
+/// not given by the caller. It makes the request **retryable** (the server
+/// recognises a repeat), but by default not **hedgeable**: a hedge sends a
+/// copy with no failure signal at all, which a caller who never thought
+/// about keys did not ask for (see the hedge layer's
+/// `HedgePolicy::hedge_generated_keys`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct KeyGenerated;
+
 /// What happened on the previous attempt; carried by the retry layer into the
 /// next attempt's request, for layers that want history.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -345,6 +345,8 @@ impl<M: MakeIdempotencyKey> Config<M> {
                     return false;
                 }
                 req.extensions_mut().insert(IdempotencyKey(value.clone()));
+                req.extensions_mut()
+                    .insert(crate::annotations::KeyGenerated);
                 value
             }
         };

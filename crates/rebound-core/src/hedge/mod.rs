@@ -77,9 +77,13 @@
 //! [`eligible_methods`](HedgePolicy::eligible_methods)), an
 //! [`Idempotent`] annotation (which gRPC's
 //! `MarkRetryableLayer` puts on calls to the methods declared safe), a non-blank
-//! `Idempotency-Key` header or [`IdempotencyKey`] annotation (so every
-//! copy carries the **same** key: it is part of the head every copy is
-//! made from), or a path declared hedgeable
+//! `Idempotency-Key` header or [`IdempotencyKey`] annotation **that the
+//! caller chose** (so every copy carries the **same** key: it is part of
+//! the head every copy is made from; a key the idempotency-key layer made,
+//! marked [`KeyGenerated`](crate::KeyGenerated), makes a write retryable
+//! but not hedgeable unless
+//! [`hedge_generated_keys`](HedgePolicy::hedge_generated_keys)), or a path
+//! declared hedgeable
 //! ([`hedgeable_paths`](HedgePolicy::hedgeable_paths): gRPC methods, which
 //! are all POSTs). A request body is copied as for a retry
 //! ([`ReplayableBody::try_replay`] up front, [`try_replay_whole`] for each
@@ -201,6 +205,7 @@ pub struct HedgePolicy {
     budget: Option<Arc<RetryBudget>>,
     methods: MethodSet,
     paths: Arc<[Box<str>]>,
+    generated_keys: bool,
 }
 
 impl fmt::Debug for HedgePolicy {
@@ -211,6 +216,7 @@ impl fmt::Debug for HedgePolicy {
             .field("budget", &self.budget)
             .field("methods", &self.methods)
             .field("paths", &self.paths)
+            .field("generated_keys", &self.generated_keys)
             .finish()
     }
 }
@@ -223,6 +229,7 @@ impl HedgePolicy {
             budget: None,
             methods: MethodSet::idempotent(),
             paths: Arc::from(Vec::new()),
+            generated_keys: false,
         }
     }
 
@@ -281,6 +288,17 @@ impl HedgePolicy {
     /// every hedgeable request.
     pub fn budget(mut self, budget: Arc<RetryBudget>) -> Self {
         self.budget = Some(budget);
+        self
+    }
+
+    /// Whether a write whose idempotency key the client made (not the
+    /// caller: [`KeyGenerated`](crate::KeyGenerated)) may be hedged.
+    /// Default: `false`: the key makes it safe to **retry** after a
+    /// failure, but a hedge sends a copy with no failure at all, so only a
+    /// caller who chose the key (or an idempotent method, or a declared
+    /// path) gets hedged writes.
+    pub fn hedge_generated_keys(mut self, yes: bool) -> Self {
+        self.generated_keys = yes;
         self
     }
 
@@ -488,6 +506,13 @@ impl Shared {
                 .get::<IdempotencyKey>()
                 .is_some_and(|k| !IdempotencyKey::is_blank(&k.0)),
         };
+        // A key the client made is the caller's only if asked.
+        let keyed = keyed
+            && (policy.generated_keys
+                || req
+                    .extensions()
+                    .get::<crate::annotations::KeyGenerated>()
+                    .is_none());
         keyed || self.hedgeable_path(req)
     }
 
