@@ -607,6 +607,15 @@ impl BodyTimer {
         self.sleep.is_some()
     }
 
+    /// Whether reading a body that is never pending (already in memory;
+    /// `at_end`: nothing left to read) fails at the deadline now: a clock
+    /// read, no timer.
+    #[cfg(feature = "stack")]
+    pub(crate) fn poll_deadline(&self, at_end: bool) -> Option<TimeoutStage> {
+        let deadline = self.clock.deadline?;
+        (!at_end && Instant::now() >= deadline).then_some(TimeoutStage::Deadline)
+    }
+
     /// The next frame of `body`, with the limits applied.
     pub fn poll_frame<B: Body>(
         &mut self,
