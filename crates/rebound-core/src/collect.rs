@@ -486,6 +486,12 @@ impl CollectedBody {
         self.trailers.as_ref()
     }
 
+    /// The bytes and the trailers, by value.
+    #[cfg(feature = "stack")]
+    pub(crate) fn into_parts(self) -> (Bytes, Option<HeaderMap>) {
+        (self.data, self.trailers)
+    }
+
     /// The length in bytes.
     pub fn len(&self) -> usize {
         self.data.len()

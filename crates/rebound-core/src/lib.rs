@@ -79,10 +79,13 @@ pub mod retry_after;
 #[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
 pub mod grpc;
 
-// --- timeouts: total deadline, per-attempt timeout ---
+// --- timeouts: total deadline, per-attempt timeout, response bodies ---
 #[cfg(feature = "timeout")]
 #[cfg_attr(docsrs, doc(cfg(feature = "timeout")))]
 pub mod attempt_timeout;
+#[cfg(feature = "timeout")]
+#[cfg_attr(docsrs, doc(cfg(feature = "timeout")))]
+pub mod body_timeout;
 #[cfg(feature = "timeout")]
 #[cfg_attr(docsrs, doc(cfg(feature = "timeout")))]
 pub mod deadline;

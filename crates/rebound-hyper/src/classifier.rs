@@ -14,19 +14,31 @@ use rebound_core::{Error, Verdict};
 
 use crate::ResponseBody;
 
-/// A classifier the client can use on both of its stacks: the streaming one
-/// (`ResponseBody<Incoming>`) and the JSON helpers' (`CollectedBody`).
-/// Implemented by every type that is a [`Classifier`] of both and
-/// `Send + Sync + 'static` — [`HttpClassifier`], [`GrpcClassifier`], and
-/// closures `Fn(&Result<Response<B>, Error>) -> Verdict` generic enough to
-/// take either body (e.g. ones that only look at the status and headers).
+/// A classifier the client can use on every body its attempts see:
+/// hyper's `Incoming` (the client's own path), `ResponseBody<Incoming>` (a
+/// client with a hedge, a fallback or a reconcile check) and the JSON
+/// helpers' `CollectedBody`. Implemented by every type that is a
+/// [`Classifier`] of all three and `Send + Sync + 'static` —
+/// [`HttpClassifier`], [`GrpcClassifier`], and closures
+/// `Fn(&Result<Response<B>, Error>) -> Verdict` generic enough to take any
+/// body (e.g. ones that only look at the status and headers).
 pub trait ClientClassifier:
-    Classifier<ResponseBody<Incoming>> + Classifier<CollectedBody> + Send + Sync + 'static
+    Classifier<Incoming>
+    + Classifier<ResponseBody<Incoming>>
+    + Classifier<CollectedBody>
+    + Send
+    + Sync
+    + 'static
 {
 }
 
 impl<T> ClientClassifier for T where
-    T: Classifier<ResponseBody<Incoming>> + Classifier<CollectedBody> + Send + Sync + 'static
+    T: Classifier<Incoming>
+        + Classifier<ResponseBody<Incoming>>
+        + Classifier<CollectedBody>
+        + Send
+        + Sync
+        + 'static
 {
 }
 
@@ -71,6 +83,16 @@ impl Classifier<ResponseBody<Incoming>> for AnyClassifier {
             AnyClassifier::Other(c) => {
                 Classifier::<ResponseBody<Incoming>>::classify(c.as_ref(), outcome)
             }
+        }
+    }
+}
+
+impl Classifier<Incoming> for AnyClassifier {
+    fn classify(&self, outcome: &Result<Response<Incoming>, Error>) -> Verdict {
+        match self {
+            AnyClassifier::Http(c) => c.classify(outcome),
+            AnyClassifier::Grpc(c) => c.classify(outcome),
+            AnyClassifier::Other(c) => Classifier::<Incoming>::classify(c.as_ref(), outcome),
         }
     }
 }

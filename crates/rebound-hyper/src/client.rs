@@ -157,7 +157,7 @@ use crate::body::Body;
 use crate::connect::Connector;
 use crate::connect::TlsRoots;
 use crate::response_body::{MinBodyRate, ResponseBody};
-use crate::transport::{HyperTransport, TransportBuilder};
+use crate::transport::{HeadTransport, HyperTransport, TransportBuilder};
 use hyper_util::client::legacy::connect::Connect;
 
 /// Default [`ClientBuilder::total_timeout`]: 30 s.
@@ -203,20 +203,24 @@ pub struct ClientBody {
     inner: ClientBodyInner,
 }
 
-/// The two shapes of a [`ClientBody`]: the whole stack's one wrapper, or
-/// the layered stack's nested ones (a client with a hedge, a fallback or a
-/// reconcile check, until those run on the stack's own path too).
+/// The two shapes of a [`ClientBody`]: the whole stack's one wrapper over
+/// hyper's body, or the layered stack's nested ones (a client with a
+/// hedge, a fallback or a reconcile check, until those run on the stack's
+/// own path too), boxed so that they do not make every response larger.
+// The client's own path is the large variant on purpose: boxing it would
+// allocate for every response.
+#[allow(clippy::large_enum_variant)]
 enum ClientBodyInner {
-    Stack(StackBody<ResponseBody<Incoming>>),
-    Layered(LayeredBody),
-    LayeredCollected(CollectingBody),
+    Stack(StackBody<Incoming>),
+    Layered(Box<LayeredBody>),
+    LayeredCollected(Box<CollectingBody>),
 }
 
 /// The layered stack's response body.
 pub(crate) type LayeredBody = TraceBody<DeadlineBody<LimitBody<ResponseBody<Incoming>>>>;
 
 impl ClientBody {
-    fn stack(body: StackBody<ResponseBody<Incoming>>) -> Self {
+    fn stack(body: StackBody<Incoming>) -> Self {
         ClientBody {
             inner: ClientBodyInner::Stack(body),
         }
@@ -224,13 +228,13 @@ impl ClientBody {
 
     fn layered(body: LayeredBody) -> Self {
         ClientBody {
-            inner: ClientBodyInner::Layered(body),
+            inner: ClientBodyInner::Layered(Box::new(body)),
         }
     }
 
     fn layered_collected(body: CollectingBody) -> Self {
         ClientBody {
-            inner: ClientBodyInner::LayeredCollected(body),
+            inner: ClientBodyInner::LayeredCollected(Box::new(body)),
         }
     }
 
@@ -240,9 +244,13 @@ impl ClientBody {
         match self.inner {
             // Only the JSON helpers read a body inside the attempt, and
             // they never hand a response out.
-            ClientBodyInner::Stack(b) => b
-                .into_inner()
-                .unwrap_or_else(|| unreachable!("a streamed response")),
+            ClientBodyInner::Stack(b) => {
+                let timeouts = b.body_timeouts();
+                let (body, open) = b
+                    .into_stream()
+                    .unwrap_or_else(|| unreachable!("a streamed response"));
+                ResponseBody::new(body, timeouts).tracked(open)
+            }
             ClientBodyInner::Layered(b) => b.into_inner().into_inner().into_inner(),
             ClientBodyInner::LayeredCollected(_) => unreachable!("a streamed response"),
         }
@@ -433,7 +441,7 @@ impl<R> Service<OperationId> for SharedCheck<R> {
 /// drives it in one boxed future. The stack's readiness is the
 /// transport's, which is always ready.
 fn on_stack<C>(
-    stack: rebound_core::stack::Stack<HyperTransport<C>, AnyClassifier>,
+    stack: rebound_core::stack::Stack<HeadTransport<C>, AnyClassifier>,
     collect: Option<usize>,
 ) -> SharedStack<Response<ClientBody>>
 where
@@ -462,7 +470,7 @@ pin_project_lite::pin_project! {
 
 impl<F> Future for IntoClientBody<F>
 where
-    F: Future<Output = Result<Response<StackBody<ResponseBody<Incoming>>>, Error>>,
+    F: Future<Output = Result<Response<StackBody<Incoming>>, Error>>,
 {
     type Output = Result<Response<ClientBody>, Error>;
 
@@ -1417,7 +1425,12 @@ impl ClientBuilder {
             .adaptive_limit(stack_adaptive)
             .retry_after(retry_after.clone())
             .attempt_timeout(attempt)
-            .classifier(classifier);
+            .classifier(classifier)
+            // The one body wrapper: the transport's body timeouts, its
+            // errors' kinds and the shutdown's guard are the stack body's;
+            // the transport returns hyper's body bare.
+            .body_timeouts(transport.body_timeouts())
+            .body_errors(crate::error::from_body);
         let mut layers = stack.layers();
         if layered {
             // The layered stack adds the hedge below the retry loop.
@@ -1427,7 +1440,7 @@ impl ClientBuilder {
         }
         let layers: Arc<[&'static str]> = layers.into();
         if !layered {
-            let stack = stack.layer(transport);
+            let stack = stack.layer(transport.heads());
             let max = self.max_response_body;
             return Ok(Client {
                 inner: on_stack(stack.clone(), None),

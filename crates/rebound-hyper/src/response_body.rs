@@ -33,21 +33,18 @@
 //!
 //! * **idle** ([`BodyTimeouts::idle`]): no frame arrived for `d` while the
 //!   caller was waiting → [`TimeoutStage::BodyIdle`].
-//! * **minimum rate** ([`MinBodyRate`]): modelled on the AWS SDKs'
-//!   stalled-stream protection. After a grace period, the waiting time is cut
-//!   into windows; in each window the body must deliver at least
+//! * **minimum rate** ([`MinBodyRate`]): after a grace period, in each
+//!   window of waiting time the body must deliver at least
 //!   `bytes_per_sec × window` bytes — or all the bytes it still has to
 //!   deliver, whichever is fewer — else → [`TimeoutStage::BodyRate`].
 //!
-//!   Unlike AWS's first versions it has no false positives on **small** or
-//!   **finished** bodies: a body whose remaining length (from
-//!   `Content-Length`) is smaller than a window's quota only has to deliver
-//!   what it still owes, a body with nothing left to deliver (only its end,
-//!   or its trailers, are missing) is never judged, and time the caller
-//!   spends not polling the body is not counted at all. One limit remains: a
-//!   body of unknown length (chunked) cannot be known to be finished before
-//!   its end arrives, so a chunked body slow to *end* is judged like one slow
-//!   to deliver.
+//! The policy is rebound-core's body-timeout engine
+//! ([`rebound_core::body_timeout`], which says it in full: small and
+//! finished bodies are never judged, time the caller spends not polling is
+//! not counted); this wrapper adds what the transport knows: its errors'
+//! kinds, the request's name and the shutdown's guard. The ready-made
+//! [`Client`](crate::Client) does not use it: its stack's one body wrapper
+//! runs the same engine over hyper's body.
 //!
 //! Errors have kind `Timeout(stage)` for the two timeouts and
 //! [`ErrorKind::Body`](rebound_core::ErrorKind::Body) for a failed read
@@ -56,242 +53,19 @@
 //! the transport made the body.
 
 use std::fmt;
-use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
-use bytes::Buf;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
+use rebound_core::body_timeout::{BodyTimer, TimedError};
 use rebound_core::shutdown::OpenBody;
 use rebound_core::{BoxError, Error, Sent, TimeoutStage};
-use tokio::time::{Instant, Sleep};
 
 use crate::error::{from_body, RequestName};
 
+pub use rebound_core::body_timeout::{BodyTimeouts, MinBodyRate};
 pub(crate) use rebound_core::config::validate_duration as validate;
-use rebound_core::config::MAX_DURATION;
-
-// ===== impl MinBodyRate =====
-
-/// A minimum response-body rate; see the [module docs](self).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MinBodyRate {
-    bytes_per_sec: u64,
-    window: Duration,
-    grace: Duration,
-}
-
-impl MinBodyRate {
-    /// At least `bytes_per_sec` bytes per second, judged over windows of
-    /// `window` of waiting time. The grace period defaults to `window`.
-    ///
-    /// # Panics
-    ///
-    /// On a value [`try_new`](Self::try_new) refuses, with a message that
-    /// names it; use `try_new` for values that come from configuration.
-    #[track_caller]
-    pub fn new(bytes_per_sec: u64, window: Duration) -> Self {
-        rebound_core::config::expect_valid("MinBodyRate::new", Self::try_new(bytes_per_sec, window))
-    }
-
-    /// At least `bytes_per_sec` bytes per second, judged over windows of
-    /// `window` of waiting time. The grace period defaults to `window`.
-    ///
-    /// # Errors
-    ///
-    /// A [configuration error](Error::is_config) if `bytes_per_sec` is zero,
-    /// or `window` is under 100 ms or over a day.
-    pub fn try_new(bytes_per_sec: u64, window: Duration) -> Result<Self, Error> {
-        if bytes_per_sec == 0 {
-            return Err(Error::config(
-                "minimum body rate must be at least 1 byte per second",
-            ));
-        }
-        let window = validate("minimum body rate window", window)?;
-        if window < Duration::from_millis(100) {
-            return Err(Error::config(format!(
-                "minimum body rate window of {window:?} is shorter than 100ms"
-            )));
-        }
-        Ok(MinBodyRate {
-            bytes_per_sec,
-            window,
-            grace: window,
-        })
-    }
-
-    /// Waiting time at the start of the body that is not judged (time to
-    /// the first bytes can be long). Zero is allowed. Default: the window.
-    ///
-    /// # Panics
-    ///
-    /// On a value [`try_grace`](Self::try_grace) refuses, with a message that
-    /// names it; use `try_grace` for values that come from configuration.
-    #[track_caller]
-    pub fn grace(self, grace: Duration) -> Self {
-        rebound_core::config::expect_valid("BodyTimeouts::grace", self.try_grace(grace))
-    }
-
-    /// Waiting time at the start of the body that is not judged (time to
-    /// the first bytes can be long). Zero is allowed. Default: the window.
-    ///
-    /// # Errors
-    ///
-    /// A [configuration error](Error::is_config) if `grace` is over a day.
-    pub fn try_grace(mut self, grace: Duration) -> Result<Self, Error> {
-        if grace > MAX_DURATION {
-            return Err(Error::config(format!(
-                "minimum body rate grace of {grace:?} is longer than the maximum of {MAX_DURATION:?}"
-            )));
-        }
-        self.grace = grace;
-        Ok(self)
-    }
-
-    /// The minimum rate in bytes per second.
-    pub fn bytes_per_sec(&self) -> u64 {
-        self.bytes_per_sec
-    }
-
-    /// The window.
-    pub fn window(&self) -> Duration {
-        self.window
-    }
-
-    /// The grace period.
-    pub fn grace_period(&self) -> Duration {
-        self.grace
-    }
-
-    fn quota(&self, waited: Duration) -> u64 {
-        let q = u128::from(self.bytes_per_sec) * waited.as_nanos() / 1_000_000_000;
-        u64::try_from(q).unwrap_or(u64::MAX).max(1)
-    }
-}
-
-// ===== impl BodyTimeouts =====
-
-/// The timeouts applied to a response body: none by default.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct BodyTimeouts {
-    idle: Option<Duration>,
-    min_rate: Option<MinBodyRate>,
-}
-
-impl BodyTimeouts {
-    /// No body timeouts.
-    pub const fn new() -> Self {
-        BodyTimeouts {
-            idle: None,
-            min_rate: None,
-        }
-    }
-
-    /// Fail when no frame arrives for `d` while the caller waits.
-    ///
-    /// # Panics
-    ///
-    /// On a value [`try_idle`](Self::try_idle) refuses, with a message that
-    /// names it; use `try_idle` for values that come from configuration.
-    #[track_caller]
-    pub fn idle(self, d: Duration) -> Self {
-        rebound_core::config::expect_valid("BodyTimeouts::idle", self.try_idle(d))
-    }
-
-    /// Fail when no frame arrives for `d` while the caller waits.
-    ///
-    /// # Errors
-    ///
-    /// A [configuration error](Error::is_config) if `d` is zero or over a
-    /// day.
-    pub fn try_idle(mut self, d: Duration) -> Result<Self, Error> {
-        self.idle = Some(validate("body idle timeout", d)?);
-        Ok(self)
-    }
-
-    /// Fail when the body is slower than `rate`.
-    pub fn min_rate(mut self, rate: MinBodyRate) -> Self {
-        self.min_rate = Some(rate);
-        self
-    }
-
-    /// The idle timeout, if any.
-    pub fn idle_timeout(&self) -> Option<Duration> {
-        self.idle
-    }
-
-    /// The minimum rate, if any.
-    pub fn min_body_rate(&self) -> Option<MinBodyRate> {
-        self.min_rate
-    }
-}
-
-// ===== rate accounting =====
-
-#[derive(Debug)]
-struct Rate {
-    cfg: MinBodyRate,
-    in_grace: bool,
-    /// Waiting time in the current period (grace or window).
-    waited: Duration,
-    /// Bytes delivered in the current window.
-    bytes: u64,
-    /// Upper bound of what the body still had to deliver when the window
-    /// started (`None`: unknown).
-    remaining_at_start: Option<u64>,
-    /// With no grace period, the first window starts at the first poll.
-    first_window_unstarted: bool,
-}
-
-impl Rate {
-    fn new(cfg: MinBodyRate) -> Self {
-        Rate {
-            cfg,
-            in_grace: !cfg.grace.is_zero(),
-            waited: Duration::ZERO,
-            bytes: 0,
-            remaining_at_start: None,
-            first_window_unstarted: cfg.grace.is_zero(),
-        }
-    }
-
-    fn period(&self) -> Duration {
-        if self.in_grace {
-            self.cfg.grace
-        } else {
-            self.cfg.window
-        }
-    }
-
-    /// Close the current period if it is full; `Err` if the window missed
-    /// its quota. `remaining` is what the body still has to deliver now.
-    fn evaluate(&mut self, remaining: Option<u64>) -> Result<(), ()> {
-        if self.waited < self.period() {
-            return Ok(());
-        }
-        if !self.in_grace {
-            let quota = self.cfg.quota(self.waited);
-            let quota = match self.remaining_at_start {
-                Some(left) => quota.min(left),
-                None => quota,
-            };
-            if self.bytes < quota {
-                return Err(());
-            }
-        }
-        self.in_grace = false;
-        self.waited = Duration::ZERO;
-        self.bytes = 0;
-        self.remaining_at_start = remaining;
-        Ok(())
-    }
-
-    fn time_left(&self) -> Duration {
-        self.period().saturating_sub(self.waited)
-    }
-}
 
 // ===== impl ResponseBody =====
 
@@ -300,18 +74,11 @@ pin_project! {
     /// [module docs](self).
     ///
     /// With no timeouts configured it is a plain pass-through (no timer is
-    /// ever created).
+    /// ever created, no clock read).
     pub struct ResponseBody<B = hyper::body::Incoming> {
         #[pin]
         inner: B,
-        idle: Option<Duration>,
-        // When the caller started waiting with no frame (idle timer).
-        idle_since: Option<Instant>,
-        rate: Option<Rate>,
-        // When the last poll returned `Pending` (rate accounting).
-        pending_since: Option<Instant>,
-        sleep: Option<Pin<Box<Sleep>>>,
-        failed: Option<TimeoutStage>,
+        timer: BodyTimer,
         request: Option<RequestName>,
         // Counted by a shutdown until the body ends.
         open: Option<OpenBody>,
@@ -323,12 +90,7 @@ impl<B> ResponseBody<B> {
     pub fn new(body: B, timeouts: BodyTimeouts) -> Self {
         ResponseBody {
             inner: body,
-            idle: timeouts.idle,
-            idle_since: None,
-            rate: timeouts.min_rate.map(Rate::new),
-            pending_since: None,
-            sleep: None,
-            failed: None,
+            timer: BodyTimer::new(timeouts),
             request: None,
             open: None,
         }
@@ -357,9 +119,10 @@ impl<B> ResponseBody<B> {
 
 impl<B> fmt::Debug for ResponseBody<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let t = self.timer.timeouts();
         f.debug_struct("ResponseBody")
-            .field("idle", &self.idle)
-            .field("min_rate", &self.rate.as_ref().map(|r| r.cfg))
+            .field("idle", &t.idle_timeout())
+            .field("min_rate", &t.min_body_rate())
             .field("request", &self.request)
             .finish_non_exhaustive()
     }
@@ -405,34 +168,43 @@ where
     type Error = Error;
 
     fn poll_frame(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        let out = self.as_mut().poll_timed(cx);
+        let mut this = self.project();
+        let out = match this.timer.poll_frame(this.inner.as_mut(), cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(None) => None,
+            Poll::Ready(Some(Ok(frame))) => Some(Ok(frame)),
+            Poll::Ready(Some(Err(TimedError::Timeout(stage)))) => {
+                Some(Err(body_timeout(stage, this.request)))
+            }
+            Poll::Ready(Some(Err(TimedError::Body(e)))) => {
+                Some(Err(read_error(e.into(), this.request)))
+            }
+        };
         // The shutdown's guard goes when the body ends (its last frame, its
         // end, or an error); a read that failed because the shutdown cut
         // the connection says so.
-        let this = self.project();
         let ended = this.open.is_some()
             && match &out {
-                Poll::Pending => false,
-                Poll::Ready(Some(Ok(_))) => this.inner.is_end_stream(),
-                Poll::Ready(_) => true,
+                Some(Ok(_)) => this.inner.is_end_stream(),
+                _ => true,
             };
         if !ended {
-            return out;
+            return Poll::Ready(out);
         }
         let cut = this.open.take().is_some_and(|open| open.is_cut());
-        match out {
-            Poll::Ready(Some(Err(err))) if cut && err.kind() == rebound_core::ErrorKind::Body => {
-                Poll::Ready(Some(Err(cut_error(err, this.request))))
+        Poll::Ready(match out {
+            Some(Err(err)) if cut && err.kind() == rebound_core::ErrorKind::Body => {
+                Some(Err(cut_error(err, this.request)))
             }
             out => out,
-        }
+        })
     }
 
     fn is_end_stream(&self) -> bool {
-        self.failed.is_none() && self.inner.is_end_stream()
+        self.timer.failed().is_none() && self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -440,117 +212,14 @@ where
     }
 }
 
-impl<B> ResponseBody<B>
-where
-    B: Body,
-    B::Error: Into<BoxError>,
-{
-    /// The next frame, with the timeouts applied.
-    fn poll_timed(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<B::Data>, Error>>> {
-        let mut this = self.project();
-        if let Some(stage) = *this.failed {
-            return Poll::Ready(Some(Err(body_timeout(stage, this.request))));
-        }
-        if this.idle.is_none() && this.rate.is_none() {
-            return match this.inner.as_mut().poll_frame(cx) {
-                Poll::Pending => Poll::Pending,
-                Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(frame))),
-                Poll::Ready(Some(Err(e))) => {
-                    Poll::Ready(Some(Err(read_error(e.into(), this.request))))
-                }
-                Poll::Ready(None) => Poll::Ready(None),
-            };
-        }
-
-        let now = Instant::now();
-        // Time the caller spent waiting since our last `Pending` counts
-        // towards the rate window; time between a frame and the next poll
-        // (the caller busy elsewhere) does not.
-        if let (Some(since), Some(rate)) = (this.pending_since.take(), this.rate.as_mut()) {
-            rate.waited += now.saturating_duration_since(since);
-        }
-
-        if let Some(rate) = this.rate.as_mut() {
-            if rate.first_window_unstarted {
-                rate.first_window_unstarted = false;
-                rate.remaining_at_start = this.inner.size_hint().upper();
-            }
-        }
-
-        match this.inner.as_mut().poll_frame(cx) {
-            Poll::Ready(Some(Ok(frame))) => {
-                *this.idle_since = None;
-                if let (Some(data), Some(rate)) = (frame.data_ref(), this.rate.as_mut()) {
-                    if !rate.in_grace {
-                        rate.bytes = rate.bytes.saturating_add(data.remaining() as u64);
-                    }
-                }
-                Poll::Ready(Some(Ok(frame)))
-            }
-            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(read_error(e.into(), this.request)))),
-            Poll::Ready(None) => Poll::Ready(None),
-            Poll::Pending => {
-                let remaining = this.inner.size_hint().upper();
-                let mut wake_at: Option<Instant> = None;
-                if let Some(rate) = this.rate.as_mut() {
-                    // A body with nothing left to deliver (only its end is
-                    // missing) is never judged, and its waiting is not
-                    // counted.
-                    if remaining == Some(0) {
-                        rate.waited = Duration::ZERO;
-                    } else {
-                        if rate.evaluate(remaining).is_err() {
-                            *this.failed = Some(TimeoutStage::BodyRate);
-                            return Poll::Ready(Some(Err(body_timeout(
-                                TimeoutStage::BodyRate,
-                                this.request,
-                            ))));
-                        }
-                        *this.pending_since = Some(now);
-                        wake_at = Some(now + rate.time_left());
-                    }
-                }
-                if let Some(idle) = *this.idle {
-                    let since = *this.idle_since.get_or_insert(now);
-                    if now.saturating_duration_since(since) >= idle {
-                        *this.failed = Some(TimeoutStage::BodyIdle);
-                        return Poll::Ready(Some(Err(body_timeout(
-                            TimeoutStage::BodyIdle,
-                            this.request,
-                        ))));
-                    }
-                    let at = since + idle;
-                    wake_at = Some(wake_at.map_or(at, |w| w.min(at)));
-                }
-                if let Some(at) = wake_at {
-                    let sleep = match this.sleep {
-                        Some(sleep) => {
-                            if sleep.deadline() != at {
-                                sleep.as_mut().reset(at);
-                            }
-                            sleep
-                        }
-                        None => this.sleep.insert(Box::pin(tokio::time::sleep_until(at))),
-                    };
-                    if sleep.as_mut().poll(cx).is_ready() {
-                        // Already due: come back at once to judge it.
-                        cx.waker().wake_by_ref();
-                    }
-                }
-                Poll::Pending
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use bytes::Bytes;
+    use std::time::Duration;
+
+    use bytes::{Buf, Bytes};
     use futures_util::stream;
     use http_body_util::{BodyExt, StreamBody};
+    use tokio::time::Instant;
 
     use super::*;
 

@@ -32,7 +32,10 @@
 //!   timeouts), rustls on `ring`, HTTP/1.1 and HTTP/2 by ALPN, hyper-util's
 //!   connection pool.
 //! * Response: returned as soon as its head arrives, with the body wrapped in
-//!   a [`ResponseBody`] (idle and minimum-rate timeouts).
+//!   a [`ResponseBody`] (idle and minimum-rate timeouts). The ready-made
+//!   [`Client`](crate::Client) takes hyper's body bare instead: its stack's
+//!   one body wrapper applies the same timeouts (and counts the body for a
+//!   shutdown).
 //! * Errors: rebound [`Error`]s with their kind and an explicit
 //!   [`Sent`] answer in their extensions (see
 //!   [the crate docs](crate#errors-and-the-sent-answer)).
@@ -566,15 +569,38 @@ where
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let shared = &*self.shared;
         let request = RequestName::of(&req);
-        let mut req = match prepare(req.map(Into::into)) {
+        let mut call = shared.send(req.map(Into::into));
+        if let State::Failed(failed) = &mut call.state {
+            // Refused before it was sent: named now.
+            *failed = failed.take().map(|e| request.name(e));
+            return ResponseFuture {
+                call,
+                request: None,
+                body: shared.body,
+                shutdown: None,
+            };
+        }
+        ResponseFuture {
+            call,
+            request: Some(request),
+            body: shared.body,
+            shutdown: shared.shutdown.clone(),
+        }
+    }
+}
+
+impl<C> Shared<C>
+where
+    Connector<C>: Connect + Clone + Send + Sync + 'static,
+{
+    /// Hand `req` to hyper-util (or fail it, unsent).
+    fn send(&self, req: Request<Body>) -> Call {
+        let mut req = match prepare(req) {
             Ok(req) => req,
             Err(e) => {
-                return ResponseFuture {
-                    state: State::Failed(Some(request.name(e))),
-                    request: None,
-                    body: shared.body,
+                return Call {
+                    state: State::Failed(Some(e)),
                     connection: None,
-                    shutdown: None,
                 }
             }
         };
@@ -582,7 +608,7 @@ where
         // captured (it costs a watch channel and an extension): HTTP/2 is
         // on, it is `https` (h2 is negotiated by ALPN only), and this
         // transport has negotiated h2 at least once.
-        let connection = match &shared.retire {
+        let connection = match &self.retire {
             Some(retire)
                 if retire.h2_seen.load(Ordering::Relaxed)
                     && req.uri().scheme() == Some(&Scheme::HTTPS) =>
@@ -596,13 +622,89 @@ where
             }
             _ => None,
         };
-        ResponseFuture {
-            state: State::Sending(shared.client.request(req)),
-            request: Some(request),
-            body: shared.body,
+        Call {
+            state: State::Sending(self.client.request(req)),
             connection,
-            shutdown: shared.shutdown.clone(),
         }
+    }
+}
+
+// ===== impl HeadTransport =====
+
+/// A [`HyperTransport`] that returns hyper's bare body, for a stack whose
+/// own body wrapper applies the body timeouts and counts the body for the
+/// shutdown (the client's [`StackLayer`](rebound_core::stack::StackLayer)
+/// path): no [`ResponseBody`], no shutdown guard, and errors left for the
+/// stack to name (it names every error with its request), so an attempt
+/// copies no request name.
+pub(crate) struct HeadTransport<C> {
+    shared: Arc<Shared<C>>,
+}
+
+impl<C> HyperTransport<C> {
+    /// This transport for the client's stack; see [`HeadTransport`].
+    pub(crate) fn heads(&self) -> HeadTransport<C> {
+        HeadTransport {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<C> Clone for HeadTransport<C> {
+    fn clone(&self) -> Self {
+        HeadTransport {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<C> fmt::Debug for HeadTransport<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HeadTransport").finish_non_exhaustive()
+    }
+}
+
+impl<C, B> Service<Request<B>> for HeadTransport<C>
+where
+    Connector<C>: Connect + Clone + Send + Sync + 'static,
+    B: Into<Body>,
+{
+    type Response = Response<Incoming>;
+    type Error = Error;
+    type Future = HeadFuture;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // hyper-util's client is always ready (it applies no backpressure).
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        HeadFuture {
+            call: self.shared.send(req.map(Into::into)),
+        }
+    }
+}
+
+/// The response future of [`HeadTransport`]: the response with hyper's
+/// body, or an error not yet named. Dropped while waiting for the head, it
+/// retires an HTTP/2 connection as [`ResponseFuture`] does.
+#[must_use = "futures do nothing unless polled"]
+pub(crate) struct HeadFuture {
+    call: Call,
+}
+
+impl fmt::Debug for HeadFuture {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("transport::HeadFuture")
+            .finish_non_exhaustive()
+    }
+}
+
+impl Future for HeadFuture {
+    type Output = Result<Response<Incoming>, Error>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.call.poll_head(cx)
     }
 }
 
@@ -710,41 +812,37 @@ fn base64(input: &[u8]) -> String {
 enum State {
     Sending(hyper_util::client::legacy::ResponseFuture),
     Failed(Option<Error>),
+    /// The head or the error was returned.
+    Done,
 }
 
-/// The response future of [`HyperTransport`].
-///
-/// Dropped while still waiting for the response head of a request sent on
-/// an HTTP/2 connection, it retires that connection from the pool (see the
-/// [module docs](self#a-silent-http2-connection)).
-#[must_use = "futures do nothing unless polled"]
-pub struct ResponseFuture {
+/// One request handed to hyper-util: its future and, for a request that
+/// may go out on HTTP/2, its connection (retired if the call is abandoned
+/// while it waits for the head).
+struct Call {
     state: State,
-    /// `Some` until the future completes.
-    request: Option<RequestName>,
-    body: BodyTimeouts,
     /// The connection the request went out on, for requests that may be
     /// sent over HTTP/2.
     connection: Option<Captured>,
-    /// The shutdown that counts the response body, from its head (when
-    /// there is a body to read) until it ends.
-    shutdown: Option<ShutdownHandle>,
 }
 
-/// A request's connection, captured to retire it if the request is
-/// abandoned.
-struct Captured {
-    connection: CaptureConnection,
-    /// When the request was handed to hyper-util; `None` when any abandon
-    /// retires (`after` is zero).
-    since: Option<Instant>,
-    after: Duration,
+impl Call {
+    /// The response head (with hyper's body) or the error, unnamed.
+    fn poll_head(&mut self, cx: &mut Context<'_>) -> Poll<Result<Response<Incoming>, Error>> {
+        let out = match &mut self.state {
+            State::Failed(err) => Err(err.take().expect("polled after completion")),
+            State::Sending(fut) => std::task::ready!(Pin::new(fut).poll(cx)).map_err(from_client),
+            State::Done => panic!("transport future polled after completion"),
+        };
+        self.state = State::Done;
+        Poll::Ready(out)
+    }
 }
 
-impl Drop for ResponseFuture {
+impl Drop for Call {
     fn drop(&mut self) {
         // Completed (head or error), or never sent: nothing to retire.
-        if self.request.is_none() || !matches!(self.state, State::Sending(_)) {
+        if !matches!(self.state, State::Sending(_)) {
             return;
         }
         let Some(captured) = &self.connection else {
@@ -765,6 +863,33 @@ impl Drop for ResponseFuture {
     }
 }
 
+/// The response future of [`HyperTransport`].
+///
+/// Dropped while still waiting for the response head of a request sent on
+/// an HTTP/2 connection, it retires that connection from the pool (see the
+/// [module docs](self#a-silent-http2-connection)).
+#[must_use = "futures do nothing unless polled"]
+pub struct ResponseFuture {
+    call: Call,
+    /// `Some` until the future completes (`None` for a request refused
+    /// before it was sent: its error is named already).
+    request: Option<RequestName>,
+    body: BodyTimeouts,
+    /// The shutdown that counts the response body, from its head (when
+    /// there is a body to read) until it ends.
+    shutdown: Option<ShutdownHandle>,
+}
+
+/// A request's connection, captured to retire it if the request is
+/// abandoned.
+struct Captured {
+    connection: CaptureConnection,
+    /// When the request was handed to hyper-util; `None` when any abandon
+    /// retires (`after` is zero).
+    since: Option<Instant>,
+    after: Duration,
+}
+
 impl fmt::Debug for ResponseFuture {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("transport::ResponseFuture")
@@ -778,35 +903,31 @@ impl Future for ResponseFuture {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
-        match &mut this.state {
-            State::Failed(err) => Poll::Ready(Err(err.take().expect("polled after completion"))),
-            State::Sending(fut) => {
-                let result = std::task::ready!(Pin::new(fut).poll(cx));
-                let request = this.request.take().expect("polled after completion");
-                Poll::Ready(match result {
-                    Ok(res) => {
-                        let timeouts = this.body;
-                        // The guard is taken now, with the head: until
-                        // then the request is the shutdown layer's to
-                        // count, and a request cut before its head is no
-                        // body cut. A body with nothing to read (a 204, a
-                        // HEAD, a `Content-Length: 0`) is not in flight
-                        // at all: a caller who keeps the response does not
-                        // hold a shutdown.
-                        let shutdown = this.shutdown.take();
-                        Ok(res.map(|b| {
-                            let open = if hyper::body::Body::is_end_stream(&b) {
-                                None
-                            } else {
-                                shutdown.as_ref().map(ShutdownHandle::open_body)
-                            };
-                            ResponseBody::new(b, timeouts).named(request).tracked(open)
-                        }))
-                    }
-                    Err(e) => Err(request.name(from_client(e))),
-                })
+        let out = std::task::ready!(this.call.poll_head(cx));
+        Poll::Ready(match (out, this.request.take()) {
+            // Refused before it was sent, already named.
+            (Err(e), None) => Err(e),
+            (Ok(_), None) => unreachable!("a refused request has no response"),
+            (Ok(res), Some(request)) => {
+                let timeouts = this.body;
+                // The guard is taken now, with the head: until then the
+                // request is the shutdown layer's to count, and a request
+                // cut before its head is no body cut. A body with nothing
+                // to read (a 204, a HEAD, a `Content-Length: 0`) is not in
+                // flight at all: a caller who keeps the response does not
+                // hold a shutdown.
+                let shutdown = this.shutdown.take();
+                Ok(res.map(|b| {
+                    let open = if hyper::body::Body::is_end_stream(&b) {
+                        None
+                    } else {
+                        shutdown.as_ref().map(ShutdownHandle::open_body)
+                    };
+                    ResponseBody::new(b, timeouts).named(request).tracked(open)
+                }))
             }
-        }
+            (Err(e), Some(request)) => Err(request.name(e)),
+        })
     }
 }
 

@@ -20,7 +20,7 @@ use tokio::time::{sleep_until, Instant, Sleep};
 use tokio_util::sync::WaitForCancellationFutureOwned;
 use tower_service::Service;
 
-use super::body::{Payload, StackBody};
+use super::body::{timeout_error, Payload, StackBody};
 use super::Config;
 use crate::annotations::{
     closed_while_waiting, Closing, Deadline, GateWait, Idempotent, LimiterState, PreviousAttempt,
@@ -28,6 +28,7 @@ use crate::annotations::{
 };
 use crate::backoff::propose;
 use crate::body::RetryBody;
+use crate::body_timeout::{BodyClock, TimedError};
 use crate::breaker::future::Track;
 use crate::cancel::{cancelled_error, Cancel};
 use crate::classify::Classifier;
@@ -176,6 +177,8 @@ pin_project! {
         body: ResB,
         parts: Option<http::response::Parts>,
         buf: Collecting,
+        // The body timeouts and the deadline, on the head's timer.
+        clock: BodyClock,
     }
 }
 
@@ -663,10 +666,12 @@ where
                     return Self::judged_on(r, Err(err), From::Collect);
                 }
                 let buf = Collecting::new(announced.min(max as u64) as usize);
+                let clock = BodyClock::new(r.cfg.body.timeouts, Some(r.deadline));
                 let collect = Box::pin(Collect {
                     body,
                     parts: Some(parts),
                     buf,
+                    clock,
                 });
                 return Flow::Go(State::Collecting { collect }, r.deadline);
             }
@@ -868,6 +873,17 @@ impl<S, B: RetryBody, C> Req<S, B, C> {
                 ext_of(&mut out).insert(GateWait(since.elapsed()));
             }
         }
+        // The shutdown's body guard, for a streamed body with bytes left:
+        // taken before the request stops counting, so that a shutdown never
+        // finds the request gone and its body not yet counted.
+        let open = match (&out, &self.cfg.shutdown) {
+            (Ok(res), Some(handle))
+                if matches!(res.body(), Payload::Stream { .. }) && !res.body().is_end_stream() =>
+            {
+                Some(handle.open_body())
+            }
+            _ => None,
+        };
         if from <= Up::Close {
             if let Some(entered) = self.entered.take() {
                 if entered.end() {
@@ -886,7 +902,8 @@ impl<S, B: RetryBody, C> Req<S, B, C> {
                     .and_then(Replay::take_name)
                     .map(|(m, u)| RequestName::new(m, u));
                 let deadline = self.deadline;
-                Ok(res.map(|body| StackBody::new(body, deadline, permit, watch, name)))
+                let cfg = &self.cfg.body;
+                Ok(res.map(|body| StackBody::new(body, deadline, permit, open, watch, name, cfg)))
             }
             Err(err) => Err(err),
         }
@@ -1173,27 +1190,28 @@ where
                 }
                 StateProj::Collecting { collect } => {
                     let c = collect.as_mut().project();
-                    let (mut body, parts, buf) = (c.body, c.parts, c.buf);
+                    let (mut body, parts, buf, clock) = (c.body, c.parts, c.buf, c.clock);
                     let max = r.collect.unwrap_or(usize::MAX);
                     // Bounded by the cap: every data frame adds to the
                     // buffer's length or is empty.
                     let done = loop {
-                        let frame = match body.as_mut().poll_frame(cx) {
+                        let timer = this.timer.as_mut();
+                        let frame = match clock.poll_frame(timer, body.as_mut(), cx) {
                             Poll::Ready(frame) => frame,
-                            Poll::Pending => {
-                                if this.timer.as_mut().poll(cx).is_pending() {
-                                    return Poll::Pending;
-                                }
-                                break Err(Error::timeout(TimeoutStage::Deadline));
-                            }
+                            Poll::Pending => return Poll::Pending,
                         };
                         match frame {
                             None => {
                                 let parts = parts.take().expect("polled after completion");
                                 let body = std::mem::take(buf).finish();
-                                break Ok(Response::from_parts(parts, Payload::Collected { body }));
+                                break Ok(Response::from_parts(parts, Payload::collected(body)));
                             }
-                            Some(Err(err)) => break Err(body_error(err.into())),
+                            Some(Err(TimedError::Timeout(stage))) => {
+                                break Err(timeout_error(stage))
+                            }
+                            Some(Err(TimedError::Body(err))) => {
+                                break Err(body_error((r.cfg.body.errors)(err.into()).into()))
+                            }
                             Some(Ok(frame)) => {
                                 if let Err(err) = buf.push(frame, max) {
                                     break Err(err);
@@ -1239,9 +1257,8 @@ where
                     let hook = r.cfg.reconcile.as_ref().expect("reconciling with a check");
                     let id = r.operation.clone().expect("reconciling an operation");
                     let name = r.request_name().expect("an attempt has a name");
-                    let out = hook.settle(checked, id, out, &name, |res| {
-                        res.map(|body| Payload::Collected { body })
-                    });
+                    let out =
+                        hook.settle(checked, id, out, &name, |res| res.map(Payload::collected));
                     go!(this, Self::decided(r, out));
                 }
                 StateProj::Readying => {

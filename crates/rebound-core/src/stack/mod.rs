@@ -63,8 +63,10 @@
 //! not what the nesting costs: one future (a few hundred bytes) instead of
 //! twenty-five, one timer for the response head (the earlier of the
 //! attempt timeout and the deadline, reset rather than re-created between
-//! attempts), one response-body wrapper ([`StackBody`]) instead of three,
-//! and nothing written into the request's or the response's extensions.
+//! attempts), one response-body wrapper ([`StackBody`]) instead of four,
+//! with one timer for the body (the earliest of its idle, rate and
+//! deadline limits), and nothing written into the request's or the
+//! response's extensions.
 //!
 //! # The order
 //!
@@ -109,8 +111,14 @@
 //!   the two layers coordinated that through a shared
 //!   [`PermitLease`](crate::annotations::PermitLease); here one future owns
 //!   both.
-//! * **The response body** is one [`StackBody`]: the permit, the deadline
-//!   and the body's failure log in one wrapper.
+//! * **The response body** is one [`StackBody`]: the permit, the body
+//!   timeouts ([`body_timeouts`](StackLayer::body_timeouts)) and the
+//!   deadline on one timer, the shutdown guard, and the body's failure log
+//!   in one wrapper. With a [`shutdown`](StackLayer::shutdown) handle, the
+//!   stack counts each body with bytes left in the shutdown's grace period
+//!   ([`ShutdownHandle::open_body`]), so the inner service must not count
+//!   it too (rebound's client hands the stack its transport's bare
+//!   bodies).
 //!
 //! # Errors
 //!
@@ -145,9 +153,12 @@ use tower_service::Service;
 
 pub use self::body::StackBody;
 
+use self::body::BodyConfig;
+
 use crate::attempt_timeout::AttemptTimeoutLayer;
 use crate::backoff::{Backoff, BackoffLayer};
 use crate::body::RetryBody;
+use crate::body_timeout::BodyTimeouts;
 use crate::breaker::CircuitBreakerLayer;
 use crate::classify::{Classifier, HttpClassifier};
 use crate::collect::CollectedBody;
@@ -190,6 +201,7 @@ pub(crate) struct Config<C> {
     pub(crate) retry_after: RetryAfterLayer,
     pub(crate) classifier: C,
     pub(crate) attempt: Duration,
+    pub(crate) body: BodyConfig,
 }
 
 impl<C: Clone> Clone for Config<C> {
@@ -212,6 +224,7 @@ impl<C: Clone> Clone for Config<C> {
             retry_after: self.retry_after.clone(),
             classifier: self.classifier.clone(),
             attempt: self.attempt,
+            body: self.body,
         }
     }
 }
@@ -250,6 +263,7 @@ impl<C> fmt::Debug for StackLayer<C> {
             .field("concurrency", &c.concurrency)
             .field("breaker", &c.breaker.is_some())
             .field("adaptive", &c.adaptive)
+            .field("body", &c.body)
             .finish_non_exhaustive()
     }
 }
@@ -288,6 +302,7 @@ impl StackLayer<HttpClassifier> {
                 retry_after: RetryAfterLayer::new(),
                 classifier: HttpClassifier::default(),
                 attempt: DEFAULT_ATTEMPT,
+                body: BodyConfig::default(),
             }),
         }
     }
@@ -306,7 +321,10 @@ impl<C: Clone> StackLayer<C> {
     }
 
     /// Shut down with `handle` (refuse, end waits, cut after the grace),
-    /// as a [`ShutdownLayer`](crate::shutdown::ShutdownLayer) would.
+    /// as a [`ShutdownLayer`](crate::shutdown::ShutdownLayer) would; and
+    /// count each response body with bytes left until it ends or is
+    /// dropped ([`StackBody`]), as a transport built with the handle would
+    /// (so the inner service should not).
     pub fn shutdown(self, handle: Option<ShutdownHandle>) -> Self {
         self.with(|c| c.shutdown = handle)
     }
@@ -407,6 +425,21 @@ impl<C: Clone> StackLayer<C> {
         self.with(|c| c.attempt = timeout.timeout())
     }
 
+    /// The idle and minimum-rate timeouts of the response body, applied by
+    /// [`StackBody`] while the caller reads it (and to a body read inside
+    /// the attempt, [`Stack::collect`]), with the deadline, on one timer.
+    /// Default: none (only the deadline).
+    pub fn body_timeouts(self, timeouts: BodyTimeouts) -> Self {
+        self.with(|c| c.body.timeouts = timeouts)
+    }
+
+    /// How an error of the inner service's response body becomes an
+    /// [`Error`] (a transport that knows its bodies' errors says so: kind,
+    /// detail, [`Sent`](crate::Sent)). Default: [`Error::from_boxed`].
+    pub fn body_errors(self, errors: fn(BoxError) -> Error) -> Self {
+        self.with(|c| c.body.errors = errors)
+    }
+
     /// The classifier of each attempt's outcome.
     pub fn classifier<C2: Clone>(self, classifier: C2) -> StackLayer<C2> {
         let c = Arc::unwrap_or_clone(self.cfg);
@@ -429,6 +462,7 @@ impl<C: Clone> StackLayer<C> {
                 retry_after: c.retry_after,
                 classifier,
                 attempt: c.attempt,
+                body: c.body,
             }),
         }
     }
@@ -534,11 +568,13 @@ impl<S, C> Stack<S, C> {
 impl<S, C> Stack<S, C> {
     /// [`call`](Service::call), with the response body **read inside the
     /// attempt**, up to `max_bytes`: a body cut short (a reset, a
-    /// truncation, an idle or rate timeout of the transport's body) is then
+    /// truncation, an idle or rate timeout — the inner body's own or the
+    /// [`body_timeouts`](StackLayer::body_timeouts)) is then
     /// the attempt's failure, classified and retried like any other, as
     /// [`CollectBodyLayer`](crate::collect::CollectBodyLayer) below the
     /// classify layer makes it. The head timer covers the time to the head
-    /// as for any attempt; the body read is bounded by the deadline. Only a
+    /// as for any attempt; the same timer then bounds the body read by the
+    /// body timeouts and the deadline. Only a
     /// response the classifier judged a success is read; its body is then
     /// in memory ([`StackBody`] yields it at once). A `Content-Length` (or
     /// size hint) over `max_bytes` fails the attempt at once with
