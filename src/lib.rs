@@ -8,6 +8,9 @@
 pub use rebound_core::*;
 pub use rebound_hyper;
 pub use rebound_hyper::{
-    Body, BodyTimeouts, Client, ClientBody, ClientBuilder, HyperTransport, MinBodyRate,
-    ResponseBody, TlsRoots, TransportBuilder,
+    Body, BodyTimeouts, Client, ClientBody, ClientBuilder, ClientClassifier, HyperTransport,
+    JsonError, JsonErrorCategory, MinBodyRate, ResponseBody, ResponseFuture, TlsRoots,
+    TransportBuilder, UnexpectedStatus,
 };
+/// The JSON helpers' errors and their docs (`Client::get_json`, ...).
+pub use rebound_hyper::json;

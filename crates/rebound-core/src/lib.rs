@@ -44,7 +44,8 @@
 //!
 //! # Minimum supported Rust version
 //!
-//! 1.85, declared as `rust-version` in the workspace; raised only with a
+//! 1.89, declared as `rust-version` in the workspace (what the locked
+//! dependencies declare, checked in CI); raised only with a
 //! minor release.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
