@@ -113,6 +113,13 @@
 //! next to the gate and the circuit, and joins the "in use" rule: an entry
 //! stays while any of its parts has something to remember.
 
+// Built with only one of the gate and the breaker, the other's parts of an
+// entry go unused.
+#![cfg_attr(
+    not(all(feature = "breaker", feature = "retry-after")),
+    allow(dead_code)
+)]
+
 use std::collections::hash_map::RandomState;
 use std::fmt;
 use std::hash::{BuildHasher, Hasher};
@@ -172,7 +179,7 @@ pub(crate) fn hasher() -> std::collections::hash_map::DefaultHasher {
 /// A finished hash as a key: never [`EMPTY`] or [`CLAIMING`].
 pub(crate) fn finish(h: impl Hasher) -> u64 {
     #[cfg(test)]
-    tests::KEYS.with(|n| n.set(n.get() + 1));
+    KEYS.with(|n| n.set(n.get() + 1));
     h.finish().max(CLAIMING + 1)
 }
 
@@ -707,4 +714,10 @@ impl fmt::Debug for HostTable {
 }
 
 #[cfg(test)]
+thread_local! {
+    /// Keys computed on this thread (each one a hash of a host), for tests.
+    static KEYS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+#[cfg(all(test, feature = "breaker", feature = "retry-after"))]
 mod tests;

@@ -22,11 +22,6 @@ use crate::classify::{ClassifyLayer, HttpClassifier};
 use crate::gate::RetryAfterGateLayer;
 use crate::retry_after::RetryAfterLayer;
 
-thread_local! {
-    /// Keys computed on this thread (each one a hash of a host).
-    pub(super) static KEYS: Cell<usize> = const { Cell::new(0) };
-}
-
 fn keys() -> usize {
     KEYS.with(Cell::get)
 }
