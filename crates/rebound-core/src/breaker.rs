@@ -55,7 +55,8 @@
 //! Each circuit (one per host by default) is **closed**, **open** or
 //! **half-open**:
 //!
-//! * **Closed**: calls go through and their outcomes are counted. The
+//! * **Closed**: calls go through and their outcomes are counted (from a
+//!   host's first failure on: see [the host table](#the-host-table)). The
 //!   circuit opens on either of two triggers:
 //!   * [`consecutive_failures`](CircuitBreakerConfig::consecutive_failures)
 //!     failures in a row (a success ends the run; what is not counted, see
@@ -201,25 +202,63 @@
 //! host, effective port; never userinfo, path or query); a
 //! [`key_fn`](CircuitBreakerConfig::key_fn) picks another scope (a host
 //! whatever its port, a path prefix, one circuit for everything).
-//! Circuits live in a bounded table of
-//! [`max_circuits`](CircuitBreakerConfig::max_circuits) slots (1024 by
-//! default, allocated when the layer is built, about 150 bytes each): a
-//! client that meets millions of hosts does not grow. A new host takes a
-//! free slot among four, else the closed circuit idle the longest; an open
-//! circuit is evicted only when all four are open. Keys are keyed hashes;
-//! each slot keeps its host's redacted `scheme://host:port` for its log
-//! lines.
+//! Circuits live in the entries of a bounded [host table](crate::host):
+//! the breaker's own, of
+//! [`max_circuits`](CircuitBreakerConfig::max_circuits) entries (1024 by
+//! default, allocated when the layer is built, about 180 bytes each), or
+//! one it [shares](CircuitBreakerLayer::shared) with a Retry-After gate, so
+//! that a host's gate and circuit are one entry (the ready-made client
+//! does this). A client that meets millions of hosts does not grow. A host
+//! that needs an entry takes a free one among four, else one not in use,
+//! else the closed circuit due for release soonest; an open circuit is
+//! evicted only when all four are open. Keys are keyed hashes; each entry
+//! keeps its host's redacted `scheme://host:port` for its log lines.
+//!
+//! # The host table
+//!
+//! A host gets an entry on its **first counted failure**, not before: a
+//! host that never fails costs the table nothing. An entry is in use while
+//! a failure is in the window, the circuit is not closed, or (in a shared
+//! table) the host's gate is closed; once none is left it is released, and
+//! the table returns to empty after a blip. While the table has no entry
+//! in use it is **idle**, and a call neither hashes its host nor records
+//! its outcome anywhere (see "Happy path"). Compared with a breaker that
+//! records every call, this changes three things:
+//!
+//! * **The ratio window starts at the first failure** when the table was
+//!   idle: the successes just before it were not recorded. From then on
+//!   (and for every host, while any entry of the table is in use) every
+//!   call is counted, so the ratio is exact over what follows, and the
+//!   [`minimum_throughput`](CircuitBreakerConfig::minimum_throughput)
+//!   (100 calls by default) still guards it: a burst of failures after a
+//!   quiet success streak needs that many calls in the window before the
+//!   ratio can open the circuit. (So the ratio can only be higher than
+//!   over every call, never lower.)
+//! * **The consecutive trigger is exact**: a success is only unrecorded
+//!   while the table is idle, when no failure is in the host's window, so
+//!   no run is there to end.
+//! * **A run is forgotten once its failures have left the window**
+//!   ([`sampling_duration`](CircuitBreakerConfig::sampling_duration)
+//!   without a failure), with the entry: failures further apart than that,
+//!   with nothing in between, are not "in a row".
 //!
 //! # Happy path
 //!
-//! A call to a closed circuit costs one hash of the authority (no
-//! allocation), an atomic load or two to find its slot and read its state,
-//! and, with the outcome, a status compare, one clock read, one
-//! compare-and-swap on the current bucket and one atomic load of the run of
-//! failures (written only when a run is there to end): no lock, no
-//! allocation. Failures also sum the ten buckets. The table's only locks
-//! guard each slot's log label, taken when a host first takes a slot and
-//! when a circuit changes state.
+//! While no host of the table is failing, broken or throttled, a call
+//! costs one atomic load of the table's count of entries in use, and, with
+//! the outcome, a look at its status and verdict and that load again: no
+//! hash, no lookup,
+//! no clock read, no write, no lock. The whole-stack service
+//! ([`stack`](crate::stack)) keeps the request's URI, so its breaker keys
+//! a host only when the outcome needs it; the standalone layer's response
+//! future keeps the URI's scheme and authority for that (a reference
+//! count, no allocation), and computes a [`key_fn`](CircuitBreakerConfig::key_fn)
+//! key at the call. While the table is in use, a call hashes its host once
+//! (shared with a gate over the same table in the whole-stack service),
+//! reads its entry's state, and records its outcome with one clock read
+//! and one compare-and-swap on the current bucket; failures also sum the
+//! ten buckets. The table's only locks guard each entry's log label, taken
+//! when a host first takes an entry and when a circuit changes state.
 //!
 //! # Observing
 //!
@@ -238,32 +277,29 @@
 //! not seen. Counts are per bucket up to about a million; past that they
 //! saturate.
 
-use std::collections::hash_map::{DefaultHasher, RandomState};
+use std::collections::hash_map::DefaultHasher;
 use std::fmt;
 use std::future::Future;
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::Hash;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use http::header::RETRY_AFTER;
 use http::{Request, Response, StatusCode, Uri};
 use pin_project_lite::pin_project;
-use tokio::time::Instant;
 use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::annotations::{CircuitState, PreviousAttempt, Reason, RetryAfterHint, Sent, Verdict};
 use crate::config::{expect_valid, validate_duration};
 use crate::error::{BoxError, Error, ErrorKind};
-use crate::redact::effective_port;
-
-/// Buckets in the sliding window.
-const BUCKETS: usize = 10;
-/// Slots a key may take in the table (set-associative).
-const WAYS: usize = 4;
+use crate::host::{
+    state_of, until_of, Circuit, HostOwned, HostRef, HostTable, BUCKETS, CLOSED, HALF_OPEN, OPEN,
+    SWITCHING,
+};
 
 // A bucket is one `AtomicU64`: epoch (24 bits, modulo) | failures (20) |
 // successes (20), so recording an outcome is one compare-and-swap.
@@ -271,25 +307,11 @@ const COUNT_BITS: u32 = 20;
 const COUNT_MAX: u64 = (1 << COUNT_BITS) - 1;
 const EPOCH_MASK: u64 = (1 << 24) - 1;
 
-// A circuit's state is one `AtomicU64`: until (µs since the table's base,
-// 62 bits) | state (2 bits), so a reader never sees "open" with a stale
-// reopening time.
-const CLOSED: u64 = 0;
-const OPEN: u64 = 1;
-const HALF_OPEN: u64 = 2;
-/// Open → half-open in progress (the winner resets the probe counters);
-/// treated as open.
-const SWITCHING: u64 = 3;
-
 // Half-open bookkeeping, one `AtomicU64`: generation (32) | probes
 // admitted (16) | probes succeeded (16). The generation changes on every
 // open → half-open, so a probe from an earlier round cannot count.
 const PROBE_BITS: u32 = 16;
 const PROBE_MASK: u64 = (1 << PROBE_BITS) - 1;
-
-/// A slot's key while it is free, and while it is being taken.
-const EMPTY: u64 = 0;
-const CLAIMING: u64 = 1;
 
 /// The most probes [`CircuitBreakerConfig::half_open_probes`] accepts.
 pub const MAX_HALF_OPEN_PROBES: u32 = PROBE_MASK as u32;
@@ -424,8 +446,9 @@ impl CircuitBreakerConfig {
         self
     }
 
-    /// Slots in the table of circuits (rounded up to a power of two), at
-    /// least 1. Default: 1024.
+    /// Entries in the breaker's own [host table](crate::host), from 1 to
+    /// 2²⁴ (a breaker [over a shared table](CircuitBreakerLayer::shared)
+    /// uses that table's size instead). Default: 1024.
     pub fn max_circuits(mut self, slots: usize) -> Self {
         self.max_circuits = slots;
         self
@@ -509,39 +532,7 @@ impl CircuitBreakerConfig {
     }
 }
 
-// ===== the table of circuits =====
-
-/// One circuit.
-struct Slot {
-    key: AtomicU64,
-    state: AtomicU64,
-    buckets: [AtomicU64; BUCKETS],
-    half: AtomicU64,
-    /// Failures in a row while closed (the consecutive trigger).
-    run: AtomicU32,
-    /// Consecutive openings since the circuit last closed.
-    breaks: AtomicU32,
-    /// `scheme://host:port` of the request that took the slot, for logs.
-    label: Mutex<String>,
-}
-
-impl Slot {
-    fn new() -> Self {
-        Slot {
-            key: AtomicU64::new(EMPTY),
-            state: AtomicU64::new(CLOSED),
-            buckets: Default::default(),
-            half: AtomicU64::new(0),
-            run: AtomicU32::new(0),
-            breaks: AtomicU32::new(0),
-            label: Mutex::new(String::new()),
-        }
-    }
-
-    fn label(&self) -> String {
-        self.label.lock().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-}
+// ===== the circuits, in the host table =====
 
 fn unpack_bucket(w: u64) -> (u64, u64, u64) {
     (
@@ -555,23 +546,15 @@ fn pack_bucket(epoch: u64, failures: u64, successes: u64) -> u64 {
     ((epoch & EPOCH_MASK) << (2 * COUNT_BITS)) | (failures << COUNT_BITS) | successes
 }
 
-fn state_of(word: u64) -> u64 {
-    word & 3
-}
-
-fn until_of(word: u64) -> u64 {
-    word >> 2
-}
-
 /// What the call was let through as.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Admit {
-    /// A closed circuit: count the outcome.
+    /// A closed circuit (or none yet): count the outcome.
     Counted,
     /// A half-open probe of generation `gen`.
     Probe(u32),
-    /// No slot could be had (lost every race for one): not counted.
-    Untracked,
+    /// Its outcome is counted already (or never will be).
+    Done,
 }
 
 /// What an outcome counts as.
@@ -624,180 +607,96 @@ fn asks_for_a_pause<B>(res: &Response<B>) -> bool {
         || (res.status().is_server_error() && res.headers().contains_key(RETRY_AFTER))
 }
 
-struct Table {
-    slots: Box<[Slot]>,
-    mask: usize,
-    hasher: RandomState,
+/// How a call was let through: the entry it met (if the table was in
+/// use and its host had one), its key (if computed), and the admission,
+/// or until when its circuit is open.
+struct Admission {
+    slot: Option<usize>,
+    key: Option<u64>,
+    admit: Result<Admit, u64>,
+}
+
+/// A breaker: its settings, and the host table that keeps its circuits.
+struct Breaker {
+    table: Arc<HostTable>,
     key_fn: Option<KeyFn>,
-    base: Instant,
-    /// Bucket length in µs.
-    bucket_us: u64,
+    /// Bucket length in ns.
+    bucket_ns: u64,
     /// 0: off.
     consecutive: u32,
     failure_ratio: f64,
     minimum_throughput: u64,
-    break_us: u64,
+    break_ns: u64,
     break_growth: f64,
-    max_break_us: u64,
+    max_break_ns: u64,
     probes: u64,
 }
 
-fn micros(d: Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-impl Table {
-    fn new(cfg: &CircuitBreakerConfig) -> Self {
-        let n = cfg.max_circuits.next_power_of_two();
-        Table {
-            slots: (0..n).map(|_| Slot::new()).collect(),
-            mask: n - 1,
-            hasher: RandomState::new(),
+impl Breaker {
+    fn new(cfg: &CircuitBreakerConfig, table: Arc<HostTable>) -> Self {
+        Breaker {
+            table,
             key_fn: cfg.key_fn.clone(),
-            base: Instant::now(),
-            bucket_us: (micros(cfg.sampling_duration) / BUCKETS as u64).max(1),
+            bucket_ns: (nanos(cfg.sampling_duration) / BUCKETS as u64).max(1),
             consecutive: cfg.consecutive_failures,
             failure_ratio: cfg.failure_ratio,
             minimum_throughput: u64::from(cfg.minimum_throughput),
-            break_us: micros(cfg.break_duration),
+            break_ns: nanos(cfg.break_duration),
             break_growth: cfg.break_growth,
-            max_break_us: micros(cfg.max_break_duration.unwrap_or(cfg.break_duration)),
+            max_break_ns: nanos(cfg.max_break_duration.unwrap_or(cfg.break_duration)),
             probes: u64::from(cfg.half_open_probes),
         }
     }
 
-    fn now_us(&self) -> u64 {
-        micros(Instant::now().saturating_duration_since(self.base))
-    }
-
-    /// The circuit's key; never [`EMPTY`] or [`CLAIMING`].
+    /// The circuit's key; never the table's `EMPTY` or `CLAIMING`.
     fn key(&self, uri: &Uri) -> u64 {
-        let mut h = self.hasher.build_hasher();
+        self.key_in(uri, &mut None)
+    }
+
+    /// The circuit's key; the authority's key comes from (or goes into)
+    /// `cell`, so a request hashes its authority once for the gate and the
+    /// breaker.
+    fn key_in(&self, uri: &Uri, cell: &mut Option<u64>) -> u64 {
         match &self.key_fn {
-            Some(f) => f(uri, &mut h),
-            None => crate::redact::hash_authority(uri, &mut h),
-        }
-        h.finish().max(CLAIMING + 1)
-    }
-
-    fn ways(&self, key: u64) -> impl Iterator<Item = usize> + '_ {
-        let start = (key >> 7) as usize;
-        (0..WAYS.min(self.slots.len())).map(move |i| (start.wrapping_add(i)) & self.mask)
-    }
-
-    fn find(&self, key: u64) -> Option<usize> {
-        self.ways(key)
-            .find(|&i| self.slots[i].key.load(Ordering::Acquire) == key)
-    }
-
-    /// The slot of `key`, taking one if it has none.
-    fn slot_for(&self, key: u64, uri: &Uri) -> Option<usize> {
-        if let Some(i) = self.find(key) {
-            return Some(i);
-        }
-        self.claim(key, uri)
-    }
-
-    fn claim(&self, key: u64, uri: &Uri) -> Option<usize> {
-        for i in self.ways(key) {
-            if self.slots[i]
-                .key
-                .compare_exchange(EMPTY, CLAIMING, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
-            {
-                self.init(i, key, uri);
-                return Some(i);
+            Some(f) => {
+                let mut h = crate::host::hasher();
+                f(uri, &mut h);
+                crate::host::finish(h)
             }
+            None => crate::host::authority_key(uri, cell),
         }
-        // Evict: the closed circuit idle the longest, else the open one
-        // whose break ends soonest.
-        let now = self.now_us();
-        let epoch = (now / self.bucket_us) & EPOCH_MASK;
-        let mut victim: Option<(usize, u64, (bool, u64))> = None;
-        for i in self.ways(key) {
-            let slot = &self.slots[i];
-            let k = slot.key.load(Ordering::Acquire);
-            if k == CLAIMING {
-                continue;
-            }
-            let word = slot.state.load(Ordering::Acquire);
-            let rank = if state_of(word) == CLOSED {
-                let idle = slot
-                    .buckets
-                    .iter()
-                    .map(|b| {
-                        epoch.wrapping_sub(unpack_bucket(b.load(Ordering::Relaxed)).0) & EPOCH_MASK
-                    })
-                    .min()
-                    .unwrap_or(0);
-                (true, idle)
-            } else {
-                (false, u64::MAX - until_of(word))
-            };
-            if victim.is_none_or(|(_, _, r)| rank > r) {
-                victim = Some((i, k, rank));
-            }
-        }
-        let (i, k, _) = victim?;
-        self.slots[i]
-            .key
-            .compare_exchange(k, CLAIMING, Ordering::AcqRel, Ordering::Relaxed)
-            .ok()?;
-        self.init(i, key, uri);
-        Some(i)
     }
 
-    fn init(&self, i: usize, key: u64, uri: &Uri) {
-        let slot = &self.slots[i];
-        for b in &slot.buckets {
-            b.store(0, Ordering::Relaxed);
-        }
-        slot.state.store(CLOSED, Ordering::Relaxed);
-        // A new generation: probes of the slot's previous circuit no longer
-        // count.
-        let gen = (slot.half.load(Ordering::Relaxed) >> 32).wrapping_add(1);
-        slot.half.store(gen << 32, Ordering::Relaxed);
-        slot.run.store(0, Ordering::Relaxed);
-        slot.breaks.store(0, Ordering::Relaxed);
-        {
-            let mut label = slot.label.lock().unwrap_or_else(|p| p.into_inner());
-            label.clear();
-            use std::fmt::Write as _;
-            let _ = match (uri.scheme_str(), uri.host()) {
-                (Some(s), Some(h)) => write!(label, "{s}://{h}"),
-                (None, Some(h)) => write!(label, "{h}"),
-                _ => write!(label, "(no authority)"),
-            };
-            if let (Some(_), Some(port)) = (uri.host(), effective_port(uri)) {
-                let _ = write!(label, ":{port}");
-            }
-        }
-        slot.key.store(key, Ordering::Release);
+    fn circuit(&self, i: usize) -> &Circuit {
+        &self.table.entry(i).circuit
     }
 
-    /// Let a call through, or say until when the circuit is open.
+    /// Let a call through circuit `i`, or say until when it is open.
     fn admit(&self, i: usize) -> Result<Admit, u64> {
-        let slot = &self.slots[i];
-        let word = slot.state.load(Ordering::Acquire);
+        let c = self.circuit(i);
+        let word = c.state.load(Ordering::Acquire);
         match state_of(word) {
             CLOSED => Ok(Admit::Counted),
             OPEN => {
-                let now = self.now_us();
+                let now = self.table.now();
                 if now < until_of(word) {
                     return Err(until_of(word));
                 }
                 // The break is over: the first to switch opens the probes.
                 let switching = (until_of(word) << 2) | SWITCHING;
-                if slot
-                    .state
+                if c.state
                     .compare_exchange(word, switching, Ordering::AcqRel, Ordering::Acquire)
                     .is_ok()
                 {
-                    let gen = (slot.half.load(Ordering::Relaxed) >> 32).wrapping_add(1);
-                    slot.half.store(gen << 32, Ordering::Release);
-                    slot.state
+                    let gen = (c.half.load(Ordering::Relaxed) >> 32).wrapping_add(1);
+                    c.half.store(gen << 32, Ordering::Release);
+                    c.state
                         .store((until_of(word) << 2) | HALF_OPEN, Ordering::Release);
-                    self.transition(slot, CircuitState::HalfOpen, "the break is over");
+                    self.transition(i, CircuitState::HalfOpen, "the break is over");
                 }
                 self.probe(i)
             }
@@ -808,13 +707,13 @@ impl Table {
 
     /// Take a probe slot if one is free.
     fn probe(&self, i: usize) -> Result<Admit, u64> {
-        let slot = &self.slots[i];
-        let word = slot.state.load(Ordering::Acquire);
+        let c = self.circuit(i);
+        let word = c.state.load(Ordering::Acquire);
         if state_of(word) != HALF_OPEN {
             return Err(until_of(word));
         }
         let probes = self.probes;
-        let taken = slot
+        let taken = c
             .half
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |h| {
                 let admitted = (h >> PROBE_BITS) & PROBE_MASK;
@@ -824,7 +723,7 @@ impl Table {
             Ok(h) => {
                 let gen = (h >> 32) as u32;
                 // The round may have ended while we took the slot.
-                if state_of(slot.state.load(Ordering::Acquire)) != HALF_OPEN {
+                if state_of(c.state.load(Ordering::Acquire)) != HALF_OPEN {
                     self.release(i, gen);
                     return Err(until_of(word));
                 }
@@ -837,7 +736,8 @@ impl Table {
 
     /// A probe of generation `gen` ended without an outcome that counts.
     fn release(&self, i: usize, gen: u32) {
-        let _ = self.slots[i]
+        let _ = self
+            .circuit(i)
             .half
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |h| {
                 let admitted = (h >> PROBE_BITS) & PROBE_MASK;
@@ -847,38 +747,38 @@ impl Table {
 
     fn break_for(&self, breaks: u32) -> u64 {
         if self.break_growth == 1.0 || breaks == 0 {
-            return self.break_us;
+            return self.break_ns;
         }
-        let grown = self.break_us as f64 * self.break_growth.powi(breaks.min(1000) as i32);
-        if grown >= self.max_break_us as f64 {
-            self.max_break_us
+        let grown = self.break_ns as f64 * self.break_growth.powi(breaks.min(1000) as i32);
+        if grown >= self.max_break_ns as f64 {
+            self.max_break_ns
         } else {
             grown as u64
         }
     }
 
-    /// Open the circuit whose state word was `expected`.
-    fn open(&self, slot: &Slot, expected: u64, now: u64, why: &'static str) {
-        let breaks = slot.breaks.load(Ordering::Acquire);
+    /// Open circuit `i`, whose state word was `expected`.
+    fn open(&self, i: usize, expected: u64, now: u64, why: &'static str) {
+        let c = self.circuit(i);
+        let breaks = c.breaks.load(Ordering::Acquire);
         let until = now
             .saturating_add(self.break_for(breaks))
             .min(u64::MAX >> 2);
-        if slot
-            .state
+        if c.state
             .compare_exchange(
                 expected,
                 (until << 2) | OPEN,
-                Ordering::AcqRel,
+                Ordering::SeqCst,
                 Ordering::Acquire,
             )
             .is_ok()
         {
-            slot.breaks.fetch_add(1, Ordering::AcqRel);
+            c.breaks.fetch_add(1, Ordering::AcqRel);
             tracing::info!(
-                circuit = %slot.label(),
+                circuit = %self.table.entry(i).label(),
                 state = "open",
                 reason = why,
-                break_ms = (until - now) / 1000,
+                break_ms = (until - now) / 1_000_000,
                 "circuit breaker opened"
             );
             #[cfg(feature = "metrics")]
@@ -886,9 +786,9 @@ impl Table {
         }
     }
 
-    fn transition(&self, slot: &Slot, to: CircuitState, why: &'static str) {
+    fn transition(&self, i: usize, to: CircuitState, why: &'static str) {
         tracing::info!(
-            circuit = %slot.label(),
+            circuit = %self.table.entry(i).label(),
             state = to.as_str(),
             reason = why,
             "circuit breaker {}",
@@ -902,90 +802,149 @@ impl Table {
         crate::metrics::record_circuit_transition(to);
     }
 
-    /// The outcome of a call let through as `admit` by slot `i` for `key`.
-    fn finish(&self, i: usize, key: u64, admit: Admit, count: Count) {
-        let slot = &self.slots[i];
-        if slot.key.load(Ordering::Acquire) != key {
-            // The slot went to another host meanwhile.
-            return;
-        }
+    /// The outcome `count` of a call let through as `admit` by entry
+    /// `slot` (found when the call was admitted) for `key` (if computed
+    /// then). A call admitted by no entry gets one on a failure — its key
+    /// from `later_key`, its name from `host` — and records a success only
+    /// while the table is in use (see the module docs).
+    fn finish(
+        &self,
+        slot: Option<usize>,
+        key: Option<u64>,
+        admit: Admit,
+        count: Count,
+        host: Option<HostRef<'_>>,
+        later_key: impl FnOnce() -> Option<u64>,
+    ) {
+        let table = &*self.table;
+        // The entry the call was admitted by, if it is still that host's.
+        let known = match (slot, key) {
+            (Some(i), Some(k)) if table.entry(i).key.load(Ordering::Acquire) == k => Some(i),
+            _ => None,
+        };
         match admit {
-            Admit::Untracked => {}
+            Admit::Done => {}
             Admit::Counted => {
-                if count == Count::Ignore {
-                    return;
-                }
-                let word = slot.state.load(Ordering::Acquire);
-                if state_of(word) != CLOSED {
-                    return;
-                }
-                let now = self.now_us();
-                let failure = count == Count::Failure;
-                self.record(slot, now, failure);
-                if failure {
-                    if self.consecutive != 0 {
-                        let run = slot.run.fetch_add(1, Ordering::AcqRel).saturating_add(1);
-                        if run >= self.consecutive {
-                            self.open(slot, word, now, "consecutive failures");
+                let failure = match count {
+                    Count::Ignore => return,
+                    Count::Success => false,
+                    Count::Failure => true,
+                };
+                let i = match known {
+                    Some(i) => i,
+                    // Happy path: an idle table, a success: nothing to do.
+                    None if !failure && table.is_empty() => return,
+                    None => {
+                        let Some(key) = key.or_else(later_key) else {
+                            return;
+                        };
+                        // A success never evicts an entry in use.
+                        match table.find(key).or_else(|| table.claim(key, host, failure)) {
+                            Some(i) => i,
+                            None => return,
+                        }
+                    }
+                };
+                self.count(i, failure, host);
+            }
+            Admit::Probe(gen) => {
+                let Some(i) = known else { return };
+                let c = self.circuit(i);
+                match count {
+                    Count::Ignore => self.release(i, gen),
+                    Count::Failure => {
+                        let word = c.state.load(Ordering::Acquire);
+                        let current = (c.half.load(Ordering::Acquire) >> 32) as u32;
+                        if state_of(word) == HALF_OPEN && current == gen {
+                            self.open(i, word, table.now(), "a probe failed");
+                        }
+                    }
+                    Count::Success => {
+                        let probes = self.probes;
+                        let after = c
+                            .half
+                            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |h| {
+                                ((h >> 32) as u32 == gen).then(|| h + 1)
+                            });
+                        let Ok(before) = after else { return };
+                        if (before & PROBE_MASK) + 1 < probes {
                             return;
                         }
+                        let word = c.state.load(Ordering::Acquire);
+                        if state_of(word) == HALF_OPEN
+                            && c.state
+                                .compare_exchange(word, CLOSED, Ordering::SeqCst, Ordering::Acquire)
+                                .is_ok()
+                        {
+                            // A fresh start: an empty window, no run of
+                            // failures; nothing left to keep the entry.
+                            for b in &c.buckets {
+                                b.store(0, Ordering::Relaxed);
+                            }
+                            c.run.store(0, Ordering::Relaxed);
+                            c.breaks.store(0, Ordering::Release);
+                            c.fail_until.store(0, Ordering::SeqCst);
+                            self.transition(i, CircuitState::Closed, "the probes succeeded");
+                            table.release_if_idle(i, table.now());
+                        }
                     }
-                    let (failures, calls) = self.window(slot, now);
-                    if calls >= self.minimum_throughput
-                        && failures as f64 >= self.failure_ratio * calls as f64
-                    {
-                        self.open(slot, word, now, "failure ratio reached");
-                    }
-                } else if slot.run.load(Ordering::Relaxed) != 0 {
-                    // A success ends the run; written only when there is
-                    // one, so the happy path stores nothing here.
-                    slot.run.store(0, Ordering::Relaxed);
                 }
             }
-            Admit::Probe(gen) => match count {
-                Count::Ignore => self.release(i, gen),
-                Count::Failure => {
-                    let word = slot.state.load(Ordering::Acquire);
-                    let current = (slot.half.load(Ordering::Acquire) >> 32) as u32;
-                    if state_of(word) == HALF_OPEN && current == gen {
-                        self.open(slot, word, self.now_us(), "a probe failed");
-                    }
-                }
-                Count::Success => {
-                    let probes = self.probes;
-                    let after = slot
-                        .half
-                        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |h| {
-                            ((h >> 32) as u32 == gen).then(|| h + 1)
-                        });
-                    let Ok(before) = after else { return };
-                    if (before & PROBE_MASK) + 1 < probes {
-                        return;
-                    }
-                    let word = slot.state.load(Ordering::Acquire);
-                    if state_of(word) == HALF_OPEN
-                        && slot
-                            .state
-                            .compare_exchange(word, CLOSED, Ordering::AcqRel, Ordering::Acquire)
-                            .is_ok()
-                    {
-                        // A fresh start: an empty window, no run of failures.
-                        for b in &slot.buckets {
-                            b.store(0, Ordering::Relaxed);
-                        }
-                        slot.run.store(0, Ordering::Relaxed);
-                        slot.breaks.store(0, Ordering::Release);
-                        self.transition(slot, CircuitState::Closed, "the probes succeeded");
-                    }
-                }
-            },
         }
     }
 
-    fn record(&self, slot: &Slot, now: u64, failure: bool) {
-        let tick = now / self.bucket_us;
+    /// Count a closed circuit's call: the window, the run, the triggers;
+    /// the entry is in use while a failure is in the window.
+    fn count(&self, i: usize, failure: bool, host: Option<HostRef<'_>>) {
+        let table = &*self.table;
+        let c = self.circuit(i);
+        let word = c.state.load(Ordering::Acquire);
+        if state_of(word) != CLOSED {
+            return;
+        }
+        let now = table.now();
+        self.record(c, now, failure);
+        if failure {
+            table.name(i, host);
+            // When this failure leaves the window.
+            let leaves = (now / self.bucket_ns + BUCKETS as u64).saturating_mul(self.bucket_ns);
+            c.fail_until.fetch_max(leaves, Ordering::SeqCst);
+            table.mark_live(i);
+            let (failures, calls) = self.window(c, now);
+            if self.consecutive != 0 {
+                // A run ends with a success, and is forgotten once its
+                // failures have left the window (with the entry).
+                let run = if failures <= 1 {
+                    c.run.store(1, Ordering::Relaxed);
+                    1
+                } else {
+                    c.run.fetch_add(1, Ordering::AcqRel).saturating_add(1)
+                };
+                if run >= self.consecutive {
+                    self.open(i, word, now, "consecutive failures");
+                    table.maybe_sweep(now);
+                    return;
+                }
+            }
+            if calls >= self.minimum_throughput
+                && failures as f64 >= self.failure_ratio * calls as f64
+            {
+                self.open(i, word, now, "failure ratio reached");
+            }
+        } else {
+            if c.run.load(Ordering::Relaxed) != 0 {
+                // A success ends the run; written only when there is one.
+                c.run.store(0, Ordering::Relaxed);
+            }
+            table.release_if_idle(i, now);
+        }
+        table.maybe_sweep(now);
+    }
+
+    fn record(&self, c: &Circuit, now: u64, failure: bool) {
+        let tick = now / self.bucket_ns;
         let epoch = tick & EPOCH_MASK;
-        let bucket = &slot.buckets[(tick % BUCKETS as u64) as usize];
+        let bucket = &c.buckets[(tick % BUCKETS as u64) as usize];
         let _ = bucket.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |w| {
             let (e, f, s) = unpack_bucket(w);
             let (f, s) = if e == epoch { (f, s) } else { (0, 0) };
@@ -998,9 +957,9 @@ impl Table {
     }
 
     /// (failures, calls) in the window ending now.
-    fn window(&self, slot: &Slot, now: u64) -> (u64, u64) {
-        let epoch = (now / self.bucket_us) & EPOCH_MASK;
-        slot.buckets.iter().fold((0, 0), |(fs, calls), b| {
+    fn window(&self, c: &Circuit, now: u64) -> (u64, u64) {
+        let epoch = (now / self.bucket_ns) & EPOCH_MASK;
+        c.buckets.iter().fold((0, 0), |(fs, calls), b| {
             let (e, f, s) = unpack_bucket(b.load(Ordering::Acquire));
             if epoch.wrapping_sub(e) & EPOCH_MASK < BUCKETS as u64 {
                 (fs + f, calls + f + s)
@@ -1011,15 +970,35 @@ impl Table {
     }
 
     fn state(&self, uri: &Uri) -> CircuitState {
-        let Some(i) = self.find(self.key(uri)) else {
+        let Some(i) = self.table.find(self.key(uri)) else {
             return CircuitState::Closed;
         };
-        let word = self.slots[i].state.load(Ordering::Acquire);
+        let word = self.circuit(i).state.load(Ordering::Acquire);
         match state_of(word) {
             CLOSED => CircuitState::Closed,
-            OPEN if self.now_us() >= until_of(word) => CircuitState::HalfOpen,
+            OPEN if self.table.now() >= until_of(word) => CircuitState::HalfOpen,
             HALF_OPEN => CircuitState::HalfOpen,
             _ => CircuitState::Open,
+        }
+    }
+
+    /// How a call to `uri` is let through, when the table is in use (an
+    /// idle table has no open circuit: every call goes through, counted,
+    /// with no entry and no key yet).
+    fn admission(&self, uri: &Uri, cell: &mut Option<u64>) -> Admission {
+        if self.table.is_empty() {
+            return Admission {
+                slot: None,
+                key: None,
+                admit: Ok(Admit::Counted),
+            };
+        }
+        let key = self.key_in(uri, cell);
+        let slot = self.table.find(key);
+        Admission {
+            slot,
+            key: Some(key),
+            admit: slot.map_or(Ok(Admit::Counted), |i| self.admit(i)),
         }
     }
 }
@@ -1038,11 +1017,12 @@ impl Table {
 /// all.
 #[derive(Clone)]
 pub struct CircuitBreakerLayer {
-    table: Arc<Table>,
+    breaker: Arc<Breaker>,
 }
 
 impl CircuitBreakerLayer {
-    /// A breaker with `config`.
+    /// A breaker with `config`, keeping its circuits in a host table of its
+    /// own ([`max_circuits`](CircuitBreakerConfig::max_circuits) entries).
     ///
     /// # Panics
     ///
@@ -1061,8 +1041,44 @@ impl CircuitBreakerLayer {
     /// A configuration [`Error`] naming the first value that cannot work.
     pub fn try_new(config: CircuitBreakerConfig) -> Result<Self, Error> {
         config.validate()?;
+        let table = Arc::new(HostTable::try_new(config.max_circuits)?);
+        Self::try_shared(config, table)
+    }
+
+    /// A breaker with `config` keeping its circuits in `table`, whose
+    /// entries a [Retry-After gate](crate::gate::RetryAfterGateLayer::shared)
+    /// over the same table shares: one entry, and one hash of the
+    /// authority, per host for both (see [`host`](crate::host)). The
+    /// table's size applies, not
+    /// [`max_circuits`](CircuitBreakerConfig::max_circuits).
+    ///
+    /// # Panics
+    ///
+    /// Where [`try_shared`](Self::try_shared) returns an error.
+    #[track_caller]
+    pub fn shared(config: CircuitBreakerConfig, table: Arc<HostTable>) -> Self {
+        expect_valid(
+            "CircuitBreakerLayer::shared",
+            Self::try_shared(config, table),
+        )
+    }
+
+    /// A breaker with `config` keeping its circuits in `table`, checked.
+    ///
+    /// # Errors
+    ///
+    /// A configuration [`Error`] naming the first value that cannot work,
+    /// or saying that `table` already keeps another breaker's circuits (a
+    /// table keeps one breaker's; clones of a layer are the same breaker).
+    pub fn try_shared(config: CircuitBreakerConfig, table: Arc<HostTable>) -> Result<Self, Error> {
+        config.validate()?;
+        if !table.attach_breaker() {
+            return Err(Error::config(
+                "CircuitBreakerLayer: the host table already keeps another breaker's circuits",
+            ));
+        }
         Ok(CircuitBreakerLayer {
-            table: Arc::new(Table::new(&config)),
+            breaker: Arc::new(Breaker::new(&config, table)),
         })
     }
 
@@ -1070,7 +1086,13 @@ impl CircuitBreakerLayer {
     /// seen). An open circuit whose break is over is reported `HalfOpen`:
     /// the next call will probe.
     pub fn state(&self, uri: &Uri) -> CircuitState {
-        self.table.state(uri)
+        self.breaker.state(uri)
+    }
+
+    /// The host table that keeps this breaker's circuits, to observe or to
+    /// share with a [Retry-After gate](crate::gate::RetryAfterGateLayer::shared).
+    pub fn table(&self) -> &Arc<HostTable> {
+        &self.breaker.table
     }
 }
 
@@ -1084,7 +1106,8 @@ impl Default for CircuitBreakerLayer {
 impl fmt::Debug for CircuitBreakerLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CircuitBreakerLayer")
-            .field("slots", &self.table.slots.len())
+            .field("slots", &self.breaker.table.max_entries())
+            .field("in_use", &self.breaker.table.len())
             .finish_non_exhaustive()
     }
 }
@@ -1095,7 +1118,7 @@ impl<S> Layer<S> for CircuitBreakerLayer {
     fn layer(&self, inner: S) -> Self::Service {
         CircuitBreaker {
             inner,
-            table: self.table.clone(),
+            breaker: self.breaker.clone(),
         }
     }
 }
@@ -1118,7 +1141,7 @@ impl<S> Layer<S> for CircuitBreakerLayer {
 #[derive(Clone)]
 pub struct CircuitBreaker<S> {
     inner: S,
-    table: Arc<Table>,
+    breaker: Arc<Breaker>,
 }
 
 impl<S: fmt::Debug> fmt::Debug for CircuitBreaker<S> {
@@ -1133,7 +1156,7 @@ impl<S> CircuitBreaker<S> {
     /// The state of the circuit `uri` belongs to; see
     /// [`CircuitBreakerLayer::state`].
     pub fn state(&self, uri: &Uri) -> CircuitState {
-        self.table.state(uri)
+        self.breaker.state(uri)
     }
 
     /// The inner service.
@@ -1152,10 +1175,19 @@ impl<S> CircuitBreaker<S> {
     }
 }
 
-fn open_error<B>(req: &Request<B>, table: &Table, until: u64) -> Error {
-    let left = Duration::from_micros(until.saturating_sub(table.now_us()));
+/// The open circuit's error for the request `(method, uri)`, which carried
+/// `ext`.
+fn open_error(
+    method: &http::Method,
+    uri: &Uri,
+    ext: &http::Extensions,
+    breaker: &Breaker,
+    until: u64,
+) -> Error {
+    let left = Duration::from_nanos(until.saturating_sub(breaker.table.now()));
     // Rounded up to the millisecond, so "5s" reads as 5s.
-    let left = Duration::from_millis(u64::try_from(left.as_micros().div_ceil(1000)).unwrap_or(0));
+    let left =
+        Duration::from_millis(u64::try_from(left.as_nanos().div_ceil(1_000_000)).unwrap_or(0));
     let detail = if left.is_zero() {
         "probes in flight".to_owned()
     } else {
@@ -1163,20 +1195,20 @@ fn open_error<B>(req: &Request<B>, table: &Table, until: u64) -> Error {
     };
     let mut err = Error::new(ErrorKind::CircuitOpen)
         .with_owned_detail(detail)
-        .with_request(req.method(), req.uri());
-    let ext = err.extensions_mut();
-    ext.insert(Sent::NotSent);
-    ext.insert(Verdict::Fatal {
+        .with_request(method, uri);
+    let out = err.extensions_mut();
+    out.insert(Sent::NotSent);
+    out.insert(Verdict::Fatal {
         reason: Reason::new_static("circuit open"),
     });
     if !left.is_zero() {
-        ext.insert(RetryAfterHint(left));
+        out.insert(RetryAfterHint(left));
     }
-    ext.insert(CircuitState::Open);
+    out.insert(CircuitState::Open);
     // A retry that meets the open circuit: the last real outcome (DESIGN
     // §4) is the previous attempt's, so the error says what it was.
-    if let Some(previous) = req.extensions().get::<PreviousAttempt>() {
-        ext.insert(previous.clone());
+    if let Some(previous) = ext.get::<PreviousAttempt>() {
+        out.insert(previous.clone());
     }
     #[cfg(feature = "metrics")]
     crate::metrics::record_circuit_rejected();
@@ -1199,23 +1231,37 @@ where
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        let table = &self.table;
-        let key = table.key(req.uri());
-        let (slot, admit) = match table.slot_for(key, req.uri()) {
-            None => (0, Ok(Admit::Untracked)),
-            Some(i) => (i, table.admit(i)),
-        };
-        match admit {
-            Ok(admit) => future::ResponseFuture::called(
-                self.inner.call(req),
-                future::Track {
-                    table: self.table.clone(),
-                    slot,
-                    key,
-                    admit,
-                },
-            ),
-            Err(until) => future::ResponseFuture::rejected(open_error(&req, table, until)),
+        let b = &*self.breaker;
+        let mut cell = None;
+        let mut at = b.admission(req.uri(), &mut cell);
+        if b.key_fn.is_some() && at.key.is_none() {
+            // A custom key needs the whole URI, which the response future
+            // does not keep: computed now.
+            at.key = Some(b.key(req.uri()));
+        }
+        match at.admit {
+            Ok(admit) => {
+                // The host (a reference count on the URI's authority), to
+                // key and name an entry if the outcome needs one.
+                let host = HostOwned::of(req.uri());
+                future::ResponseFuture::called(
+                    self.inner.call(req),
+                    future::Track {
+                        breaker: self.breaker.clone(),
+                        slot: at.slot,
+                        key: at.key,
+                        admit,
+                    },
+                    host,
+                )
+            }
+            Err(until) => future::ResponseFuture::rejected(open_error(
+                req.method(),
+                req.uri(),
+                req.extensions(),
+                b,
+                until,
+            )),
         }
     }
 }
@@ -1228,24 +1274,30 @@ pub mod future {
     /// What the future reports back to its circuit. A probe dropped before
     /// its outcome frees its slot.
     pub(crate) struct Track {
-        pub(super) table: Arc<Table>,
-        pub(super) slot: usize,
-        pub(super) key: u64,
+        pub(super) breaker: Arc<Breaker>,
+        pub(super) slot: Option<usize>,
+        pub(super) key: Option<u64>,
         pub(super) admit: Admit,
     }
 
     impl Track {
-        pub(super) fn finish(mut self, count: Count) {
-            let admit = std::mem::replace(&mut self.admit, Admit::Untracked);
-            self.table.finish(self.slot, self.key, admit, count);
+        pub(super) fn finish(
+            mut self,
+            count: Count,
+            host: Option<HostRef<'_>>,
+            later_key: impl FnOnce() -> Option<u64>,
+        ) {
+            let admit = std::mem::replace(&mut self.admit, Admit::Done);
+            self.breaker
+                .finish(self.slot, self.key, admit, count, host, later_key);
         }
     }
 
     impl Drop for Track {
         fn drop(&mut self) {
-            if let Admit::Probe(gen) = self.admit {
-                if self.table.slots[self.slot].key.load(Ordering::Acquire) == self.key {
-                    self.table.release(self.slot, gen);
+            if let (Admit::Probe(gen), Some(i), Some(key)) = (self.admit, self.slot, self.key) {
+                if self.breaker.table.entry(i).key.load(Ordering::Acquire) == key {
+                    self.breaker.release(i, gen);
                 }
             }
         }
@@ -1259,7 +1311,7 @@ pub mod future {
         pub struct ResponseFuture<F> {
             #[pin]
             kind: Kind<F>,
-            track: Option<Track>,
+            track: Option<(Track, HostOwned)>,
         }
     }
 
@@ -1277,10 +1329,10 @@ pub mod future {
     }
 
     impl<F> ResponseFuture<F> {
-        pub(super) fn called(fut: F, track: Track) -> Self {
+        pub(super) fn called(fut: F, track: Track, host: HostOwned) -> Self {
             ResponseFuture {
                 kind: Kind::Called { fut },
-                track: Some(track),
+                track: Some((track, host)),
             }
         }
 
@@ -1316,8 +1368,9 @@ pub mod future {
             match this.kind.project() {
                 KindProj::Called { fut } => {
                     let outcome = ready!(fut.poll(cx)).map_err(|e| Error::from_boxed(e.into()));
-                    if let Some(track) = this.track.take() {
-                        track.finish(count_of(&outcome));
+                    if let Some((track, host)) = this.track.take() {
+                        let host = host.as_ref();
+                        track.finish(count_of(&outcome), Some(host), || Some(host.key()));
                     }
                     Poll::Ready(outcome)
                 }
@@ -1334,31 +1387,57 @@ pub mod future {
 #[cfg(feature = "stack")]
 impl CircuitBreakerLayer {
     /// Let `req` through its circuit, or the open circuit's error (not
-    /// sent): what [`CircuitBreaker::call`] decides.
-    pub(crate) fn admit<B>(&self, req: &Request<B>) -> Result<future::Track, Error> {
-        let table = &self.table;
-        let key = table.key(req.uri());
-        let (slot, admit) = match table.slot_for(key, req.uri()) {
-            None => (0, Ok(Admit::Untracked)),
-            Some(i) => (i, table.admit(i)),
-        };
-        match admit {
+    /// sent): what [`CircuitBreaker::call`] decides. While the table is
+    /// idle this reads one atomic: no hash, no entry. `key` is the
+    /// request's authority key, computed at most once for the gate and the
+    /// breaker.
+    pub(crate) fn admit<B>(
+        &self,
+        req: &Request<B>,
+        key: &mut Option<u64>,
+    ) -> Result<future::Track, Error> {
+        let b = &*self.breaker;
+        let at = b.admission(req.uri(), key);
+        match at.admit {
             Ok(admit) => Ok(future::Track {
-                table: self.table.clone(),
-                slot,
-                key,
+                breaker: self.breaker.clone(),
+                slot: at.slot,
+                key: at.key,
                 admit,
             }),
-            Err(until) => Err(open_error(req, table, until)),
+            Err(until) => Err(open_error(
+                req.method(),
+                req.uri(),
+                req.extensions(),
+                b,
+                until,
+            )),
         }
     }
 }
 
 #[cfg(feature = "stack")]
 impl future::Track {
-    /// Count `out` for the circuit (see the module docs for what counts).
-    pub(crate) fn settle<B>(self, out: &Result<Response<B>, Error>) {
-        self.finish(count_of(out));
+    /// Count `out` for the circuit of the request to `uri` (see the module
+    /// docs for what counts); `key` as for
+    /// [`admit`](CircuitBreakerLayer::admit).
+    pub(crate) fn settle<B>(
+        self,
+        out: &Result<Response<B>, Error>,
+        uri: Option<&Uri>,
+        key: &mut Option<u64>,
+    ) {
+        let mut track = self;
+        let admit = std::mem::replace(&mut track.admit, Admit::Done);
+        let b = &*track.breaker;
+        b.finish(
+            track.slot,
+            track.key,
+            admit,
+            count_of(out),
+            uri.map(HostRef::of),
+            || uri.map(|u| b.key_in(u, key)),
+        );
     }
 }
 
@@ -1420,14 +1499,17 @@ mod tests {
         let cfg = CircuitBreakerConfig::default()
             .break_duration(Duration::from_secs(1))
             .break_growth(2.0, Duration::from_secs(5));
-        let t = Table::new(&cfg);
-        let s: Vec<u64> = (0..5).map(|n| t.break_for(n) / 1_000_000).collect();
+        let t = Breaker::new(&cfg, Arc::new(HostTable::default()));
+        let s: Vec<u64> = (0..5).map(|n| t.break_for(n) / 1_000_000_000).collect();
         assert_eq!(s, [1, 2, 4, 5, 5]);
     }
 
     #[test]
     fn keys_by_authority() {
-        let t = Table::new(&CircuitBreakerConfig::default());
+        let t = Breaker::new(
+            &CircuitBreakerConfig::default(),
+            Arc::new(HostTable::default()),
+        );
         let k = |s: &str| t.key(&s.parse().unwrap());
         assert_eq!(
             k("https://API.example/a?x=1"),

@@ -75,9 +75,14 @@
 //!   and a request costs one branch (no hash, no clock read).
 //!
 //! The inner service sees none of the held requests during the pause. The
-//! table of closed gates is bounded ([`GateTable::new`]): expired entries
-//! are dropped when met, and when the table is full the gate that opens
-//! soonest is evicted.
+//! gates live in a bounded [`GateTable`], a [host table](crate::host) whose
+//! entries a circuit breaker may share (one entry per host for its gate and
+//! its circuit; the ready-made client shares one): a host gets an entry
+//! when its gate closes, and the entry is released once the gate has opened
+//! (when a request meets it, or in a sweep), unless its circuit still has
+//! something to remember. A host may take one of four entries; when they
+//! are all in use, a closing gate evicts the entry due for release soonest
+//! (e.g. the gate that opens soonest), an open circuit last.
 //!
 //! # Where it sits
 //!
@@ -110,11 +115,14 @@
 //!
 //! # Happy path
 //!
-//! With no gate closed, a request costs one hash of its authority (no
-//! allocation) and one atomic load; a gate built with
-//! `closes_gates(false)` does not hash at all then, and [`GateMode::Off`]
-//! costs one branch. The table's lock is taken only while some gate is
-//! closed.
+//! While no entry of the table is in use (no gate closed, and, in a table
+//! shared with a breaker, no host failing), a request costs one atomic
+//! load: no hash, no clock read, no lock. A gate that closes gates keeps
+//! the request's scheme and authority in its response future (a reference
+//! count, no allocation) and hashes them only if the response asks for a
+//! pause. [`GateMode::Off`] costs one branch. While the table is in use, a
+//! request hashes its authority once and reads its entry's gate (one
+//! atomic load): no lock either way.
 //!
 //! # Errors
 //!
@@ -123,17 +131,13 @@
 //! [`RetryAfterHint`] with the time left until the gate opens. Errors of the
 //! inner service are turned into [`Error`] with [`Error::from_boxed`].
 
-use std::collections::hash_map::RandomState;
-use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
-use std::hash::{BuildHasher, Hash, Hasher};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
-use http::{Request, Response, StatusCode, Uri};
+use http::{Request, Response, StatusCode};
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 use tower_layer::Layer;
@@ -141,6 +145,8 @@ use tower_service::Service;
 
 use crate::annotations::{Deadline, GateWait, PermitLease, Reason, RetryAfterHint, Verdict};
 use crate::error::{BoxError, Error, ErrorKind, TimeoutStage};
+use crate::host::HostOwned;
+use crate::host::HostTable;
 use crate::wait::{take_ready, Wait, WaitThenCall};
 
 /// What a request does when its authority's gate is closed.
@@ -158,152 +164,16 @@ pub enum GateMode {
     Off,
 }
 
-// === impl GateTable ===
+// === GateTable ===
 
-/// The closed gates, per authority; bounded. Share one between layers or
-/// clients with [`RetryAfterGateLayer::shared`].
+/// The closed gates, per authority: the [`HostTable`], whose entries hold
+/// each host's gate (and, when a circuit breaker shares the table, its
+/// circuit); bounded. Share one between layers or clients with
+/// [`RetryAfterGateLayer::shared`].
 ///
-/// Authorities are kept as keyed hashes (the table never stores a host
-/// name); the hash key is random per table.
-pub struct GateTable {
-    entries: Mutex<HashMap<u64, Instant>>,
-    /// Mirror of `entries.len()`, so the happy path needs no lock.
-    len: AtomicUsize,
-    max_entries: usize,
-    hasher: RandomState,
-}
-
-impl GateTable {
-    /// Default bound on the number of authorities with a closed gate.
-    pub const DEFAULT_MAX_ENTRIES: usize = 1024;
-
-    /// A table holding at most `max_entries` closed gates.
-    ///
-    /// # Panics
-    ///
-    /// On a value [`try_new`](Self::try_new) refuses, with a message that
-    /// names it; use `try_new` for values that come from configuration.
-    #[track_caller]
-    pub fn new(max_entries: usize) -> Self {
-        crate::config::expect_valid("GateTable::new", Self::try_new(max_entries))
-    }
-
-    /// A table holding at most `max_entries` closed gates.
-    ///
-    /// # Errors
-    ///
-    /// A [`Config`](ErrorKind::Config) error if `max_entries` is zero.
-    pub fn try_new(max_entries: usize) -> Result<Self, Error> {
-        if max_entries == 0 {
-            return Err(Error::config(
-                "retry-after gate: max_entries must be at least 1",
-            ));
-        }
-        Ok(GateTable {
-            entries: Mutex::new(HashMap::new()),
-            len: AtomicUsize::new(0),
-            max_entries,
-            hasher: RandomState::new(),
-        })
-    }
-
-    /// Until when the gate of `uri`'s authority is closed, if it is.
-    pub fn closed_until(&self, uri: &Uri) -> Option<Instant> {
-        self.check(self.key(uri), Instant::now())
-    }
-
-    /// How many gates are recorded (some may have expired and not been met
-    /// since).
-    pub fn len(&self) -> usize {
-        self.len.load(Ordering::Acquire)
-    }
-
-    /// Whether no gate is recorded.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Open every gate.
-    pub fn clear(&self) {
-        let mut entries = self.lock();
-        entries.clear();
-        self.len.store(0, Ordering::Release);
-    }
-
-    /// Close the gate of `uri`'s authority until `until` (a later closing
-    /// already recorded wins).
-    pub fn close(&self, uri: &Uri, until: Instant) {
-        self.close_key(self.key(uri), until);
-    }
-
-    /// The authority's key: scheme, lower-cased host and effective port.
-    /// `Uri::host` never includes userinfo. Requests without an authority
-    /// (origin-form) share one key: they all go to the same inner service.
-    pub(crate) fn key(&self, uri: &Uri) -> u64 {
-        let mut h = self.hasher.build_hasher();
-        crate::redact::hash_authority(uri, &mut h);
-        h.finish()
-    }
-
-    fn lock(&self) -> MutexGuard<'_, HashMap<u64, Instant>> {
-        // Every update leaves the map consistent; a panic elsewhere cannot
-        // corrupt it.
-        self.entries.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Until when `key`'s gate is closed after `now`; expired entries are
-    /// removed when met.
-    pub(crate) fn check(&self, key: u64, now: Instant) -> Option<Instant> {
-        if self.len.load(Ordering::Acquire) == 0 {
-            return None;
-        }
-        let mut entries = self.lock();
-        let until = *entries.get(&key)?;
-        if until > now {
-            Some(until)
-        } else {
-            entries.remove(&key);
-            self.len.store(entries.len(), Ordering::Release);
-            None
-        }
-    }
-
-    pub(crate) fn close_key(&self, key: u64, until: Instant) {
-        let mut entries = self.lock();
-        if let Some(existing) = entries.get_mut(&key) {
-            *existing = (*existing).max(until);
-            return;
-        }
-        if entries.len() >= self.max_entries {
-            let now = Instant::now();
-            entries.retain(|_, t| *t > now);
-        }
-        if entries.len() >= self.max_entries {
-            // Evict the gate that opens soonest: it matters least.
-            if let Some(k) = entries.iter().min_by_key(|(_, t)| **t).map(|(k, _)| *k) {
-                entries.remove(&k);
-            }
-        }
-        entries.insert(key, until);
-        self.len.store(entries.len(), Ordering::Release);
-    }
-}
-
-impl Default for GateTable {
-    /// A table of [`GateTable::DEFAULT_MAX_ENTRIES`] entries.
-    fn default() -> Self {
-        GateTable::try_new(Self::DEFAULT_MAX_ENTRIES).expect("the default size is valid")
-    }
-}
-
-impl fmt::Debug for GateTable {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("GateTable")
-            .field("len", &self.len())
-            .field("max_entries", &self.max_entries)
-            .finish()
-    }
-}
+/// [`len`](HostTable::len) counts the hosts whose entry is in use (a
+/// closed gate, or a circuit with something to remember).
+pub type GateTable = HostTable;
 
 // === impl RetryAfterGateLayer ===
 
@@ -371,8 +241,8 @@ impl RetryAfterGateLayer {
     /// (`true`, the default), or only holds requests at gates closed by
     /// others over the same table (`false`: a gate placed above a
     /// client-wide limit, paired with a closing gate below the retry
-    /// layer; see the [module docs](self#where-it-sits)). A gate that does
-    /// not close does not hash the authority unless some gate is closed.
+    /// layer; see the [module docs](self#where-it-sits)). No gate hashes
+    /// the authority while the table is idle.
     pub fn closes_gates(mut self, enabled: bool) -> Self {
         self.config.closes = enabled;
         self
@@ -475,23 +345,23 @@ where
             return ResponseFuture {
                 inner: WaitThenCall::called(self.inner.call(req), ()),
                 key: None,
+                host: None,
                 close_429: false,
                 close_503: false,
                 table: None,
                 held_since: None,
             };
         }
-        // The key is needed to close a gate on the way up, or to look one up
-        // when some gate is closed; a gate that never closes hashes only then.
-        let key = (config.closes || !self.table.is_empty()).then(|| self.table.key(req.uri()));
-        // Happy path: no gate closed anywhere, no clock read, no lock.
-        let closed = match key {
-            Some(key) if !self.table.is_empty() => {
-                let now = Instant::now();
-                self.table.check(key, now).map(|until| (until, now, key))
-            }
-            _ => None,
-        };
+        // The key is needed to look a gate up while the table is in use.
+        // Happy path: an idle table, no hash, no clock read.
+        let key = (!self.table.is_empty()).then(|| self.table.key(req.uri()));
+        let closed = key.and_then(|key| {
+            let now = Instant::now();
+            self.table.check(key, now).map(|until| (until, now, key))
+        });
+        // A gate that closes keeps the host (a reference count, not a
+        // hash) to key it only if a response asks for a pause.
+        let host = (config.closes && key.is_none()).then(|| HostOwned::of(req.uri()));
         let held_since = closed.map(|(_, now, _)| now);
         let inner = match closed {
             None => WaitThenCall::called(self.inner.call(req), ()),
@@ -530,6 +400,7 @@ where
             // The key goes up only when some use of it remains: to re-check
             // a gate after a wait, or to close one.
             key,
+            host,
             close_429: config.closes,
             close_503: config.closes && config.close_on_503,
             table: (config.closes || held_since.is_some()).then(|| self.table.clone()),
@@ -634,9 +505,10 @@ pin_project! {
     {
         #[pin]
         inner: WaitThenCall<Held, S, R>,
-        // The authority's key, when this gate closes gates or had to look
-        // one up.
+        // The authority's key, when the table was in use at the call.
         key: Option<u64>,
+        // Otherwise, for a gate that closes gates, the host to key.
+        host: Option<HostOwned>,
         // Which statuses close the gate on the way up.
         close_429: bool,
         close_503: bool,
@@ -687,15 +559,18 @@ where
             StatusCode::SERVICE_UNAVAILABLE => *this.close_503,
             _ => false,
         };
-        let target = match (this.table.as_ref(), *this.key) {
-            (Some(table), Some(key)) if closes => Some((table, key)),
+        let target = match this.table.as_ref() {
+            Some(table) if closes => Some(table),
             _ => None,
         };
-        if let Some((table, key)) = target {
+        if let Some(table) = target {
             if let Some(RetryAfterHint(pause)) = res.extensions().get() {
                 // A hint too large for the clock is "no hint".
                 let until = Instant::now().checked_add(*pause);
-                if let (false, Some(until)) = (pause.is_zero(), until) {
+                let key = this
+                    .key
+                    .or_else(|| this.host.as_ref().map(|h| h.as_ref().key()));
+                if let (false, Some(until), Some(key)) = (pause.is_zero(), until, key) {
                     table.close_key(key, until);
                     tracing::debug!(
                         status = res.status().as_u16(),

@@ -115,6 +115,9 @@ pub mod fallback;
 #[cfg(feature = "retry-after")]
 #[cfg_attr(docsrs, doc(cfg(feature = "retry-after")))]
 pub mod gate;
+#[cfg(any(feature = "breaker", feature = "retry-after"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "breaker", feature = "retry-after"))))]
+pub mod host;
 #[cfg(feature = "limit")]
 #[cfg_attr(docsrs, doc(cfg(feature = "limit")))]
 pub mod limit;

@@ -407,21 +407,25 @@ pub fn effective_port(uri: &Uri) -> Option<u16> {
     })
 }
 
-/// Feeds the key of `uri`'s authority into `h`: the scheme, the
-/// lower-cased host (never userinfo) and the [effective
-/// port](effective_port), so that `HTTP://Example.com`,
+/// Feeds the key of a URI's authority (given as its scheme and authority)
+/// into `h`: the scheme, the lower-cased host (never userinfo) and the
+/// [effective port](effective_port), so that `HTTP://Example.com`,
 /// `http://example.com:80` and `http://user@example.com` give one key.
 /// Requests without an authority (origin-form) all give one key.
 ///
-/// This runs for every request through the circuit breaker and the
-/// Retry-After gate, so it reads the authority once, byte by byte (the
+/// The host table (`crate::host`) computes it at most once per request,
+/// and only while some host is throttled or failing, or when an outcome
+/// gives a host an entry. It reads the authority once, byte by byte (the
 /// same host and port as [`Uri::host`] and [`Uri::port_u16`], without
 /// their generic searches), and hands the hasher one buffer (SipHash costs
 /// per call more than per byte): about a third of the instructions of
 /// hashing the scheme, `Uri::host` and the port one by one.
 #[cfg(any(feature = "breaker", feature = "retry-after"))]
-pub(crate) fn hash_authority<H: std::hash::Hasher>(uri: &Uri, h: &mut H) {
-    let scheme = uri.scheme_str();
+pub(crate) fn hash_host<H: std::hash::Hasher>(
+    scheme: Option<&str>,
+    authority: Option<&str>,
+    h: &mut H,
+) {
     let mut out = KeyWriter {
         h,
         buf: [0; 64],
@@ -439,9 +443,9 @@ pub(crate) fn hash_authority<H: std::hash::Hasher>(uri: &Uri, h: &mut H) {
             out.push(0xff);
         }
     }
-    let (host, port) = match uri.authority() {
+    let (host, port) = match authority {
         Some(authority) => {
-            let (host, port) = host_and_port(authority.as_str());
+            let (host, port) = host_and_port(authority);
             (Some(host), port)
         }
         None => (None, None),
@@ -514,7 +518,7 @@ impl<H: std::hash::Hasher> KeyWriter<'_, H> {
 /// of an IPv6 literal); the port is what follows the last `:`, if it is a
 /// `u16`.
 #[cfg(any(feature = "breaker", feature = "retry-after"))]
-fn host_and_port(authority: &str) -> (&str, Option<u16>) {
+pub(crate) fn host_and_port(authority: &str) -> (&str, Option<u16>) {
     let bytes = authority.as_bytes();
     // The host starts after the last `@` (userinfo), if any.
     let start = bytes.iter().rposition(|&b| b == b'@').map_or(0, |i| i + 1);
@@ -1028,7 +1032,12 @@ mod tests {
         let state = std::collections::hash_map::RandomState::new();
         let key = |u: &str| {
             let mut h = state.build_hasher();
-            hash_authority(&u.parse::<Uri>().unwrap(), &mut h);
+            let uri = u.parse::<Uri>().unwrap();
+            hash_host(
+                uri.scheme_str(),
+                uri.authority().map(|a| a.as_str()),
+                &mut h,
+            );
             h.finish()
         };
         let same = [

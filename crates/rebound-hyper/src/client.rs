@@ -84,6 +84,11 @@
 //! permit itself is still held by one logical request across its attempts
 //! and backoff sleeps, and until its response body ends.
 //!
+//! The gate's table is a [host table](rebound_core::host) that the default
+//! circuit breaker shares: one entry per host for its gate and its
+//! circuit. While no host is throttled or failing the table is empty, and
+//! a request neither hashes its host nor looks anything up.
+//!
 //! A request that passed the holding gate while it was open, then queued
 //! for a permit while the gate closed, meets the closed gate below: the
 //! concurrency limit lends such a (queued) request's permit as a
@@ -123,7 +128,7 @@ use http::{Request, Response, Uri};
 use hyper::body::Incoming;
 use rebound_core::attempt_timeout::AttemptTimeoutLayer;
 use rebound_core::backoff::{Backoff, BackoffLayer};
-use rebound_core::breaker::CircuitBreakerLayer;
+use rebound_core::breaker::{CircuitBreakerConfig, CircuitBreakerLayer};
 use rebound_core::cancel::CancelLayer;
 use rebound_core::classify::{ClassifyLayer, HttpClassifier};
 use rebound_core::grpc::{MarkRetryableLayer, PropagateDeadlineLayer, RetryableMethods};
@@ -935,8 +940,11 @@ impl ClientBuilder {
         self
     }
 
-    /// Share one gate table (e.g. with other clients). Default: a new table
-    /// per built client.
+    /// Share one gate table (e.g. with other clients). Default: a new
+    /// [host table](rebound_core::host) per built client, shared by its gate
+    /// and its default circuit breaker (one entry per host for both). A
+    /// table given here keeps the gates only: the default breaker, which is
+    /// per client, then keeps its circuits in a table of its own.
     pub fn gate_table(mut self, table: Arc<GateTable>) -> Self {
         self.gate_table = Some(table);
         self
@@ -952,7 +960,8 @@ impl ClientBuilder {
     /// and the JSON helpers') share it. While a host's circuit is open its
     /// requests fail at once with a [`CircuitOpen`](ErrorKind::CircuitOpen)
     /// error, not sent, costing no attempt and no retry budget. Default: a
-    /// new breaker per built client with
+    /// new breaker per built client, over the client's host table (see
+    /// [`gate_table`](Self::gate_table)), with
     /// [`CircuitBreakerConfig::default`](rebound_core::breaker::CircuitBreakerConfig::default)
     /// (opens after 10 failed requests in a row, or at a 50 % failure ratio
     /// over at least 100 requests in 30 s, for 5 s; see the
@@ -1363,11 +1372,17 @@ impl ClientBuilder {
         // Two gates over one table (see "Faults stay with their host"): the
         // lower one closes gates and holds retries, the upper one holds new
         // requests before they take a concurrency permit.
+        // One host table for the gate and the default breaker: a host that
+        // needs both has one entry, and a request hashes its authority
+        // once. A gate table given to share with other clients keeps gates
+        // only: the default breaker (per client) then has a table of its
+        // own.
+        let own_table = self.gate_table.is_none();
+        let table = self
+            .gate_table
+            .unwrap_or_else(|| Arc::new(GateTable::default()));
         let gate = {
-            let layer = match self.gate_table {
-                Some(table) => RetryAfterGateLayer::shared(table),
-                None => RetryAfterGateLayer::new(),
-            };
+            let layer = RetryAfterGateLayer::shared(table.clone());
             // A client that gives up on a Retry-After over the cap does not
             // queue new requests behind that pause either.
             let mode = match (self.retry_after_over_cap, self.gate) {
@@ -1388,10 +1403,14 @@ impl ClientBuilder {
         let classifier = self.classifier.clone();
         let classify = ClassifyLayer::new(self.classifier);
         // Off: not in the stack at all (the `Identity` side of an `Either`).
-        let stack_breaker = self
-            .breaker
-            .clone()
-            .unwrap_or_else(|| Some(CircuitBreakerLayer::default()));
+        let stack_breaker = match self.breaker.clone() {
+            Some(breaker) => breaker,
+            None if own_table => Some(CircuitBreakerLayer::try_shared(
+                CircuitBreakerConfig::default(),
+                table,
+            )?),
+            None => Some(CircuitBreakerLayer::default()),
+        };
         let breaker = tower::util::option_layer(stack_breaker.clone());
         let client_breaker = stack_breaker.clone();
         let trace = match self.path_redaction {

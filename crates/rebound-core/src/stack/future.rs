@@ -230,7 +230,8 @@ struct Req<S, B: RetryBody, C> {
     // The concurrency permit, and the limiter's state if it had to wait.
     permit: Option<OwnedSemaphorePermit>,
     queued_state: Option<LimiterState>,
-    // The authority's gate key, once computed (off the happy path).
+    // The authority's key for the gate and the breaker, once computed
+    // (off the happy path).
     key: Option<u64>,
     // When the holding gate started holding this request.
     held_since: Option<Instant>,
@@ -494,7 +495,7 @@ where
         // The circuit breaker, right above the retry loop: it admits the
         // request and counts its final outcome.
         if let Some(breaker) = &r.cfg.breaker {
-            match breaker.admit(&req) {
+            match breaker.admit(&req, &mut r.key) {
                 Ok(track) => r.track = Some(track),
                 Err(err) => return Self::loop_done(r, Err(err)),
             }
@@ -851,7 +852,8 @@ impl<S, B: RetryBody, C> Req<S, B, C> {
         let mut permit = None;
         if from <= Up::Retry {
             if let Some(track) = self.track.take() {
-                track.settle(&out);
+                let uri = self.replay.as_ref().and_then(Replay::name).map(|(_, u)| u);
+                track.settle(&out, uri, &mut self.key);
             }
             if self.conflicts {
                 if let Ok(res) = &mut out {

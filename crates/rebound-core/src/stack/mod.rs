@@ -278,17 +278,21 @@ impl StackLayer<HttpClassifier> {
     /// The defaults: a [`TraceLayer::new`], a 30 s deadline, the holding
     /// and closing Retry-After gate ([`RetryAfterGateLayer::new`]),
     /// idempotency keys, [`RetryPolicy::default`], exponential backoff from
-    /// 100 ms to 10 s with full jitter, the default circuit breaker,
+    /// 100 ms to 10 s with full jitter, the default circuit breaker (over
+    /// the gate's [host table](crate::host), one entry per host for both),
     /// [`RetryAfterLayer::new`], the [`HttpClassifier`], a 10 s attempt
     /// timeout; no shutdown handle, no concurrency or adaptive limit, no
     /// gRPC marking or deadline propagation.
     pub fn new() -> Self {
+        // One host table for the gate and the breaker.
+        let hosts = Arc::new(crate::host::HostTable::default());
+        let breaker = CircuitBreakerLayer::shared(Default::default(), Arc::clone(&hosts));
         StackLayer {
             cfg: Arc::new(Config {
                 trace: TraceLayer::new(),
                 shutdown: None,
                 total: DEFAULT_TOTAL,
-                gate: Some(RetryAfterGateLayer::new()),
+                gate: Some(RetryAfterGateLayer::shared(hosts)),
                 concurrency: None,
                 idempotency: Some(IdempotencyKeyLayer::new()),
                 fallback: None,
@@ -297,7 +301,7 @@ impl StackLayer<HttpClassifier> {
                 reconcile: None,
                 propagate: None,
                 backoff: Backoff::exponential(Duration::from_millis(100), Duration::from_secs(10)),
-                breaker: Some(CircuitBreakerLayer::default()),
+                breaker: Some(breaker),
                 adaptive: None,
                 retry_after: RetryAfterLayer::new(),
                 classifier: HttpClassifier::default(),
