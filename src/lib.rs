@@ -7,10 +7,10 @@
 
 pub use rebound_core::*;
 pub use rebound_hyper;
+/// The JSON helpers' errors and their docs (`Client::get_json`, ...).
+pub use rebound_hyper::json;
 pub use rebound_hyper::{
     Body, BodyTimeouts, Client, ClientBody, ClientBuilder, ClientClassifier, HyperTransport,
     JsonError, JsonErrorCategory, MinBodyRate, ResponseBody, ResponseFuture, TlsRoots,
     TransportBuilder, UnexpectedStatus,
 };
-/// The JSON helpers' errors and their docs (`Client::get_json`, ...).
-pub use rebound_hyper::json;

@@ -75,7 +75,7 @@
 //! that may have been processed — another route would be a second send),
 //! never once the [`Deadline`] has passed or a shutdown has begun (the
 //! task's [`Closing`] signal is closed), never when the request body
-//! cannot be copied ([`ReplayableBody::try_replay`] returns `None`), and
+//! cannot be copied ([`RetryBody::keep`] keeps nothing), and
 //! never when the shared [`RetryBudget`] (if given,
 //! [`FallbackLayer::budget`]) refuses: each fallback withdraws one retry.
 //! Routes are tried in order; the first that does not end in a retryable
@@ -190,7 +190,7 @@
 //!
 //! A fallback needs the request again, so every request pays for a copy
 //! of its head (method, URI, version, headers: the header map's clone
-//! allocates) and [`ReplayableBody::try_replay`] of its body (a reference
+//! allocates) and [`RetryBody::keep`] of its body (a reference
 //! count for bytes in memory) — the same price as the retry loop's
 //! template, and one reference count for the layer's configuration.
 //! Nothing else: no lock, no box until a fallback is taken; the strip

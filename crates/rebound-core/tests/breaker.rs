@@ -462,7 +462,7 @@ async fn above_a_retry_loop_absorbed_errors_are_not_counted() {
         ServiceBuilder::new()
             .layer(ClassifyLayer::new(HttpClassifier::default()))
             .service(service_fn(move |_req: Request<Empty<Bytes>>| {
-                let fail = n.fetch_add(1, Ordering::Relaxed) % 2 == 0;
+                let fail = n.fetch_add(1, Ordering::Relaxed).is_multiple_of(2);
                 async move {
                     let mut res = Response::new(Full::new(Bytes::new()));
                     if fail {

@@ -31,15 +31,21 @@
 //!
 //! # The stack
 //!
-//! [`ClientBuilder::build`] assembles, outer to inner:
+//! [`ClientBuilder::build`] configures these layers, outer to inner, and
+//! runs them as **one service** ([`rebound_core::stack`]: the same
+//! policies, called from one short path and one future;
+//! [`Client::layers`] lists what a client runs). A client with a
+//! [hedge](ClientBuilder::hedge) runs them stacked instead (the hedge is
+//! not on the one-service path yet).
 //!
 //! | layer | what it does here | turn off / tune |
 //! |---|---|---|
 //! | [`TraceLayer`] | one span per logical request, redaction | [`trace`](ClientBuilder::trace), [`path_redaction`](ClientBuilder::path_redaction) |
+//! | [`ShutdownLayer`] | [`Client::shutdown`]: refuse, end waits, cut after the grace | always on |
 //! | [`CancelLayer`] | a [`Cancel`](rebound_core::Cancel) token on the request ends it at once | always on (free without a token) |
 //! | [`DeadlineLayer`] | the total budget, also over the response body | [`total_timeout`](ClientBuilder::total_timeout) |
 //! | [`RetryAfterGateLayer`] (holding) | new requests to a host whose gate is closed wait here, holding no permit | [`retry_after_gate`](ClientBuilder::retry_after_gate) |
-//! | [`ConcurrencyLimitLayer`] | logical requests in flight, held until the body ends | [`concurrency_limit`](ClientBuilder::concurrency_limit) |
+//! | [`ConcurrencyLimitLayer`] | **off by default**; logical requests in flight, held until the body ends | [`concurrency_limit`](ClientBuilder::concurrency_limit) |
 //! | [`IdempotencyKeyLayer`] | POST/PATCH get an `Idempotency-Key` once | [`idempotency_keys`](ClientBuilder::idempotency_keys) |
 //! | [`FallbackLayer`] | **off by default**; on, a request whose retry loop ends in a retryable failure goes to the next listed route (its own retry loop, the same key and permit, the primary's secret headers and query parameters stripped), all within the one deadline; fallbacks spend the retry budget | [`fallback`](ClientBuilder::fallback) |
 //! | [`MarkRetryableLayer`] (only when configured) | gRPC calls to methods declared safe are eligible for retry | [`grpc_retryable_methods`](ClientBuilder::grpc_retryable_methods) |
@@ -64,25 +70,21 @@
 //! (stack [`GrpcTrailersLayer`](rebound_core::grpc::GrpcTrailersLayer)
 //! yourself to trace it).
 //!
-//! A layer that is "off" stays in the stack configured as a pass-through
-//! (a limit no one reaches, an empty method set, a gate in
-//! [`GateMode::Off`] that costs one branch), so the client has one shape
-//! whatever its configuration; the circuit breaker, when off, is left out
-//! (an `Either` branch), and so are the two gRPC layers when not
-//! configured and the [fallback](ClientBuilder::fallback) and
-//! [reconcile](ClientBuilder::reconcile) layers when not set.
+//! A layer that is off is not there: a field of the one service that is
+//! `None`, costing a branch (no semaphore for a concurrency limit not set,
+//! no hash for a gate in [`GateMode::Off`]).
 //!
 //! # Faults stay with their host
 //!
 //! A request that waits for one host holds nothing that requests to other
-//! hosts need (DESIGN.md §10): the Retry-After gate appears twice over one
-//! [`GateTable`]. The lower gate, below the retry loop, closes a host's gate
-//! when an attempt's response asks for a pause, and holds that request's
-//! retries. The upper gate, **above the concurrency limit**, holds new
-//! requests to a closed host before they take a concurrency permit, so a
-//! throttled host cannot use up the permits and stall other hosts. The
-//! permit itself is still held by one logical request across its attempts
-//! and backoff sleeps, and until its response body ends.
+//! hosts need (DESIGN.md §10): the Retry-After gate is checked twice over
+//! one [`GateTable`]. Below the retry loop, an attempt's response that asks
+//! for a pause closes its host's gate, and that request's retries wait at
+//! it. **Above the concurrency limit**, new requests to a closed host wait
+//! before they take a concurrency permit, so a throttled host cannot use
+//! up the permits and stall other hosts. The permit itself is still held
+//! by one logical request across its attempts and backoff sleeps, and
+//! until its response body ends.
 //!
 //! The gate's table is a [host table](rebound_core::host) that the default
 //! circuit breaker shares: one entry per host for its gate and its
@@ -90,11 +92,11 @@
 //! a request neither hashes its host nor looks anything up.
 //!
 //! A request that passed the holding gate while it was open, then queued
-//! for a permit while the gate closed, meets the closed gate below: the
-//! concurrency limit lends such a (queued) request's permit as a
-//! [`PermitLease`](rebound_core::annotations::PermitLease), and the gate
-//! gives it back while the request waits and takes it again (FIFO,
-//! bounded by the deadline) when the gate opens. What still holds a
+//! for a permit while the gate closed, gives the permit back, waits at the
+//! gate, and queues again (FIFO, bounded by the deadline) when it opens:
+//! one future owns both steps (stacked by hand, the two layers do it
+//! through a lent [`PermitLease`](rebound_core::annotations::PermitLease)).
+//! What still holds a
 //! permit: a request's own backoff sleep, e.g. the retry of the request
 //! that got the 429 sleeping its Retry-After (that request is in flight,
 //! by design). The adaptive limit is one per client, not per host, so its
@@ -109,13 +111,11 @@
 //!
 //! The JSON helpers ([`get_json`](Client::get_json),
 //! [`post_json`](Client::post_json), [`send_json`](Client::send_json); see
-//! [`crate::json`]) go through a second stack built from the same layer
-//! values, so it shares the connection pool, the retry budget, the limiters
-//! and the gate table, with a
-//! [`CollectBodyLayer`] (cap:
-//! [`max_response_body`](ClientBuilder::max_response_body), 10 MiB) right
-//! below [`ClassifyLayer`]: the response body is read inside each attempt,
-//! and a body cut short is retried.
+//! [`crate::json`]) go through the same stack, asking it to read the
+//! response body inside each attempt (what a [`CollectBodyLayer`] right
+//! below [`ClassifyLayer`] does; cap:
+//! [`max_response_body`](ClientBuilder::max_response_body), 10 MiB): a body
+//! cut short is retried like any other failed attempt.
 
 use std::fmt;
 use std::future::Future;
@@ -1830,7 +1830,7 @@ mod sizes {
         let future = std::mem::size_of::<StackFuture>();
         let response = std::mem::size_of::<Response<ClientBody>>();
         let error = std::mem::size_of::<Error>();
-        assert!(future <= 1_320, "the client's future is {future} bytes");
+        assert!(future <= 1_344, "the client's future is {future} bytes");
         assert!(response <= 648, "Response<ClientBody> is {response} bytes");
         assert!(error <= 8, "Error is {error} bytes");
     }

@@ -658,7 +658,7 @@ mod tests {
             ))
             .layer(ClassifyLayer::new(HttpClassifier::default()))
             .service(service_fn(move |_req: Request<Empty<Bytes>>| {
-                let first = calls.fetch_add(1, Ordering::Relaxed) % 2 == 0;
+                let first = calls.fetch_add(1, Ordering::Relaxed).is_multiple_of(2);
                 async move {
                     let mut res = Response::new(Empty::<Bytes>::new());
                     if first {

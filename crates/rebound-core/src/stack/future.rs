@@ -787,7 +787,8 @@ where
         mut out: Result<Response<Payload<ResB>>, Error>,
     ) -> Next<S::Future, B, ResB> {
         if let Some(track) = r.track.take() {
-            track.settle(&out);
+            let uri = r.replay.as_ref().and_then(Replay::name).map(|(_, u)| u);
+            track.settle(&out, uri, &mut r.key);
         }
         if let Some(served) = r.served.take() {
             ext_of(&mut out).insert(served);
@@ -802,6 +803,8 @@ where
                     drop(out);
                     r.served = Some(served);
                     r.operation = None;
+                    // Another route, another host: its own key.
+                    r.key = None;
                     return Self::run_loop(r, req);
                 }
                 Some(Err(err)) => out = Err(err),

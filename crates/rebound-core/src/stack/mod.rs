@@ -81,11 +81,11 @@
 //! | new requests to a closed host wait, holding no permit | [`RetryAfterGateLayer`] (holding) | [`retry_after_gate`](StackLayer::retry_after_gate) |
 //! | logical requests in flight | [`ConcurrencyLimitLayer`] | [`concurrency_limit`](StackLayer::concurrency_limit) (off by default) |
 //! | POST/PATCH get an `Idempotency-Key` | [`IdempotencyKeyLayer`] | [`idempotency_key`](StackLayer::idempotency_key) |
-//! | after a retryable failure, the next alternate route | [`FallbackLayer`](crate::fallback::FallbackLayer) | [`fallback`](StackLayer::fallback) (off by default) |
+//! | after a retryable failure, the next alternate route | [`FallbackLayer`] | [`fallback`](StackLayer::fallback) (off by default) |
 //! | declared-safe gRPC methods are eligible | [`MarkRetryableLayer`] | [`grpc_retryable`](StackLayer::grpc_retryable) (off by default) |
 //! | per host: fail a request at once while its host is broken (counts requests' final outcomes) | [`CircuitBreakerLayer`] | [`circuit_breaker`](StackLayer::circuit_breaker) |
 //! | the retry loop and its budget | [`RetryLayer`] | [`retry`](StackLayer::retry) |
-//! | a maybe-processed write is looked up before it is sent again | [`ReconcileLayer`](crate::reconcile::ReconcileLayer) | [`reconcile`](StackLayer::reconcile) (off by default) |
+//! | a maybe-processed write is looked up before it is sent again | [`ReconcileLayer`] | [`reconcile`](StackLayer::reconcile) (off by default) |
 //! | one span per attempt | [`AttemptTraceLayer`](crate::trace::AttemptTraceLayer) | with `trace` |
 //! | the time left as `grpc-timeout` | [`PropagateDeadlineLayer`] | [`propagate_deadline`](StackLayer::propagate_deadline) (off by default) |
 //! | the proposed delay | [`BackoffLayer`] | [`backoff`](StackLayer::backoff) |
