@@ -335,7 +335,7 @@ async fn tour() {
     .await;
     t.run(
         "POST to a 503, keys off: may be processed",
-        &client(builder(&roots).idempotency_keys(false)),
+        &client(builder(&roots).idempotency_keys(None)),
         request(Method::POST, &base, "/payments", "tour-6"),
     )
     .await;
@@ -347,7 +347,7 @@ async fn tour() {
     .await;
     t.run(
         "POST, keys off, refused: never sent",
-        &client(builder(&roots).idempotency_keys(false)),
+        &client(builder(&roots).idempotency_keys(None)),
         request(Method::POST, &refused, "/orders", "tour-8"),
     )
     .await;

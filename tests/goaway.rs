@@ -36,7 +36,7 @@ async fn server(first: ConnectionAction) -> FaultServer {
 /// retryable.
 fn client(server: &FaultServer) -> Client {
     let mut builder = Client::builder()
-        .idempotency_keys(false)
+        .idempotency_keys(None)
         .backoff(Backoff::exponential(
             Duration::from_millis(1),
             Duration::from_millis(5),

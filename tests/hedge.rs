@@ -108,7 +108,7 @@ async fn a_post_is_hedged_only_with_the_callers_own_key() {
             .unwrap()
     };
     // No key (the key layer off): sent once, slow as it is.
-    let res = send(client(hedging().idempotency_keys(false)), post(None)).await;
+    let res = send(client(hedging().idempotency_keys(None)), post(None)).await;
     assert_eq!(res.status(), 200);
     assert!(res.extensions().get::<Hedged>().is_none());
     assert_eq!(server.requests_to("/orders").len(), 1);

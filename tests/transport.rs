@@ -102,7 +102,7 @@ async fn connect_stage_through_the_client_is_retried_as_not_sent() {
         };
         let client = client()
             .connect_timeout(ms(100))
-            .idempotency_keys(false)
+            .idempotency_keys(None)
             .build_with_tcp(delaying)
             .unwrap();
         // A POST without a key: retried all the same, since a connect
@@ -458,7 +458,7 @@ async fn refused_post_without_key_is_retried_as_not_sent() {
     bounded(async {
         let addr = fault::refused_addr().unwrap();
         let client = client()
-            .idempotency_keys(false)
+            .idempotency_keys(None)
             .max_attempts(3)
             .build()
             .unwrap();
@@ -482,7 +482,7 @@ async fn post_reset_after_the_request_was_read_is_not_retried() {
             .start()
             .await;
         let client = client()
-            .idempotency_keys(false)
+            .idempotency_keys(None)
             .max_attempts(3)
             .build()
             .unwrap();

@@ -87,7 +87,7 @@ async fn post_without_keys_is_sent_once() {
         .route("/orders", busy_then_created())
         .start()
         .await;
-    let client = fast().idempotency_keys(false).build().unwrap();
+    let client = fast().idempotency_keys(None).build().unwrap();
 
     let res = client
         .send(post(server.url("/orders"), "{\"item\":1}"))

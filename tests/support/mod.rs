@@ -127,7 +127,7 @@ impl Fault {
 pub enum Column {
     /// `GET`: idempotent, retried whatever happened.
     Get,
-    /// `POST` from a client built with `idempotency_keys(false)`: the client
+    /// `POST` from a client built with `idempotency_keys(None)`: the client
     /// adds keys by default, so this column needs its own client. Retried
     /// only when the request was provably not sent.
     PostKeysOff,
@@ -470,7 +470,9 @@ fn client(
         ))
         .retry_after_cap(RETRY_AFTER_CAP)
         .concurrency_limiter(Arc::clone(limiter))
-        .idempotency_keys(column != Column::PostKeysOff);
+        .idempotency_keys(
+            (column != Column::PostKeysOff).then(rebound::idempotency::IdempotencyKeyLayer::new),
+        );
     if let Some(roots) = roots {
         builder = builder.tls_roots(TlsRoots::Custom(roots));
     }

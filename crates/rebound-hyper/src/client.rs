@@ -72,7 +72,47 @@
 //!
 //! A layer that is off is not there: a field of the one service that is
 //! `None`, costing a branch (no semaphore for a concurrency limit not set,
-//! no hash for a gate in [`GateMode::Off`]).
+//! no hash for a gate that is off).
+//!
+//! # Turning an option off
+//!
+//! One convention: each optional part's setter takes the part's value,
+//! and `None` switches it off, whatever its default:
+//! [`concurrency_limit(None)`](ClientBuilder::concurrency_limit),
+//! [`adaptive_limit(None)`](ClientBuilder::adaptive_limit),
+//! [`circuit_breaker(None)`](ClientBuilder::circuit_breaker),
+//! [`retry_after_gate(None)`](ClientBuilder::retry_after_gate),
+//! [`idempotency_keys(None)`](ClientBuilder::idempotency_keys),
+//! [`hedge(None)`](ClientBuilder::hedge),
+//! [`fallback(None)`](ClientBuilder::fallback),
+//! [`body_idle_timeout(None)`](ClientBuilder::body_idle_timeout),
+//! [`min_body_rate(None)`](ClientBuilder::min_body_rate). The one setter
+//! that cannot take a bare `None` is
+//! [`reconcile`](ClientBuilder::reconcile), whose check's type `None`
+//! would not name: it is off unless called.
+//!
+//! ```
+//! use rebound_hyper::Client;
+//!
+//! let bare = Client::builder()
+//!     .concurrency_limit(None)
+//!     .adaptive_limit(None)
+//!     .circuit_breaker(None)
+//!     .retry_after_gate(None)
+//!     .idempotency_keys(None)
+//!     .hedge(None)
+//!     .fallback(None)
+//!     .build()
+//!     .unwrap();
+//! assert_eq!(
+//!     bare.layers(),
+//!     [
+//!         "TraceLayer", "ShutdownLayer", "CancelLayer", "DeadlineLayer", "RetryLayer",
+//!         "AttemptTraceLayer", "BackoffLayer", "RetryAfterLayer", "ClassifyLayer",
+//!         "AttemptTimeoutLayer",
+//!     ]
+//! );
+//! ```
 //!
 //! # Faults stay with their host
 //!
@@ -602,7 +642,7 @@ pub struct ClientBuilder {
     gate_table: Option<Arc<GateTable>>,
     /// `None`: the default breaker, new per built client.
     breaker: Option<Option<CircuitBreakerLayer>>,
-    idempotency: bool,
+    idempotency: Option<IdempotencyKeyLayer>,
     hedge: HedgePolicy,
     fallback: Option<FallbackLayer>,
     reconcile: Option<ReconcileLayer<SharedCheck<Response<ClientBody>>>>,
@@ -639,7 +679,7 @@ impl Default for ClientBuilder {
             gate_503: false,
             gate_table: None,
             breaker: None,
-            idempotency: true,
+            idempotency: Some(IdempotencyKeyLayer::new()),
             hedge: HedgePolicy::off(),
             fallback: None,
             reconcile: None,
@@ -877,8 +917,8 @@ impl ClientBuilder {
     /// Cap logical requests in flight at `max`; a request holds its permit
     /// across its retries and until its response body ends or is dropped.
     /// Default: no cap.
-    pub fn concurrency_limit(mut self, max: usize) -> Self {
-        self.concurrency = Some(max);
+    pub fn concurrency_limit(mut self, max: impl Into<Option<usize>>) -> Self {
+        self.concurrency = max.into();
         self.concurrency_shared = None;
         self
     }
@@ -925,9 +965,10 @@ impl ClientBuilder {
     /// docs](self#faults-stay-with-their-host)). With
     /// [`retry_after_over_cap`](Self::retry_after_over_cap)`(`[`OverCap::FailFast`]`)`,
     /// `Wait` becomes `FailFast`: a client that gives up on a pause over
-    /// the cap does not queue new requests behind it. Default: `Wait`.
-    pub fn retry_after_gate(mut self, mode: GateMode) -> Self {
-        self.gate = mode;
+    /// the cap does not queue new requests behind it. `None` (the same as
+    /// `GateMode::Off`) keeps no gate. Default: `Wait`.
+    pub fn retry_after_gate(mut self, mode: impl Into<Option<GateMode>>) -> Self {
+        self.gate = mode.into().unwrap_or(GateMode::Off);
         self
     }
 
@@ -972,9 +1013,12 @@ impl ClientBuilder {
     }
 
     /// Add an `Idempotency-Key` (UUIDv4) to POST and PATCH requests that do
-    /// not carry one, so that they may be retried. Default: `true`.
-    pub fn idempotency_keys(mut self, enabled: bool) -> Self {
-        self.idempotency = enabled;
+    /// not carry one, so that they may be retried: give an
+    /// [`IdempotencyKeyLayer`] for another header name, other methods or
+    /// another key maker; `None` adds no key. Default:
+    /// [`IdempotencyKeyLayer::new`].
+    pub fn idempotency_keys(mut self, keys: impl Into<Option<IdempotencyKeyLayer>>) -> Self {
+        self.idempotency = keys.into();
         self
     }
 
@@ -987,9 +1031,9 @@ impl ClientBuilder {
     /// client's [retry budget](Self::retry_budget) unless the policy has a
     /// [budget](HedgePolicy::budget) of its own; a request that was hedged
     /// is not retried (gRFC A6), one whose first attempt failed before its
-    /// hedge delay is retried as usual. Default: [`HedgePolicy::off`].
-    pub fn hedge(mut self, policy: HedgePolicy) -> Self {
-        self.hedge = policy;
+    /// hedge delay is retried as usual. `None` (the same as [`HedgePolicy::off`]): no hedge. Default: none.
+    pub fn hedge(mut self, policy: impl Into<Option<HedgePolicy>>) -> Self {
+        self.hedge = policy.into().unwrap_or_else(HedgePolicy::off);
         self
     }
 
@@ -1025,7 +1069,7 @@ impl ClientBuilder {
     ///   would make it a second write. A route to another service sees a
     ///   key it never saw, which costs nothing (a key is not a secret; a
     ///   route's rewrite may replace it). A write with no key (with
-    ///   [`idempotency_keys(false)`](Self::idempotency_keys)) that may have
+    ///   [`idempotency_keys(None)`](Self::idempotency_keys)) that may have
     ///   been processed is not retried, and not sent to another route
     ///   either.
     /// * The holding Retry-After gate, above the limit, sees the primary's
@@ -1392,12 +1436,11 @@ impl ClientBuilder {
             layer.mode(mode).close_on_503(self.gate_503)
         };
         let hold = gate.clone().closes_gates(false);
-        let stack_idempotency = self.idempotency.then(IdempotencyKeyLayer::new);
-        let idempotency = if self.idempotency {
-            IdempotencyKeyLayer::new()
-        } else {
-            IdempotencyKeyLayer::new().methods([])
-        };
+        let stack_idempotency = self.idempotency.clone();
+        let idempotency = self
+            .idempotency
+            .clone()
+            .unwrap_or_else(|| IdempotencyKeyLayer::new().methods([]));
 
         let backoff = BackoffLayer::try_new(backoff)?;
         let classifier = self.classifier.clone();
@@ -1430,6 +1473,9 @@ impl ClientBuilder {
         let stack = StackLayer::new()
             .trace(trace.clone())
             .shutdown(Some(shutdown.clone()))
+            // The transport, built with the same handle, closes its
+            // connections at the cut: every call in flight ends then.
+            .inner_ends_calls_at_cut(true)
             .deadline(deadline)
             .retry_after_gate(Some(gate.clone()))
             .concurrency_limit(stack_concurrency)

@@ -377,7 +377,9 @@ where
         if let Some(handle) = &r.cfg.shutdown {
             match handle.enter() {
                 Some(entered) => {
-                    *cut = Some(entered.cut());
+                    if !r.cfg.inner_cuts {
+                        *cut = Some(entered.cut());
+                    }
                     r.entered = Some(entered);
                 }
                 None => {

@@ -186,6 +186,8 @@ pub const DEFAULT_ATTEMPT: Duration = Duration::from_secs(10);
 pub(crate) struct Config<C> {
     pub(crate) trace: TraceLayer,
     pub(crate) shutdown: Option<ShutdownHandle>,
+    /// The inner service ends its calls in flight itself at the cut.
+    pub(crate) inner_cuts: bool,
     pub(crate) total: Duration,
     pub(crate) gate: Option<RetryAfterGateLayer>,
     pub(crate) concurrency: Option<Arc<ConcurrencyLimiter>>,
@@ -209,6 +211,7 @@ impl<C: Clone> Clone for Config<C> {
         Config {
             trace: self.trace.clone(),
             shutdown: self.shutdown.clone(),
+            inner_cuts: self.inner_cuts,
             total: self.total,
             gate: self.gate.clone(),
             concurrency: self.concurrency.clone(),
@@ -291,6 +294,7 @@ impl StackLayer<HttpClassifier> {
             cfg: Arc::new(Config {
                 trace: TraceLayer::new(),
                 shutdown: None,
+                inner_cuts: false,
                 total: DEFAULT_TOTAL,
                 gate: Some(RetryAfterGateLayer::shared(hosts)),
                 concurrency: None,
@@ -331,6 +335,17 @@ impl<C: Clone> StackLayer<C> {
     /// (so the inner service should not).
     pub fn shutdown(self, handle: Option<ShutdownHandle>) -> Self {
         self.with(|c| c.shutdown = handle)
+    }
+
+    /// The inner service ends every call in flight by itself when the
+    /// shutdown's grace period ends (rebound's transport built with the
+    /// same handle closes its connections then: see
+    /// `rebound_hyper::TransportBuilder::shutdown`): the stack then does not
+    /// watch for the cut on every request (a registration in the handle's
+    /// wait list); a call that ends after the cut still ends as `Closed`.
+    /// Default: `false`, the stack cuts its calls itself.
+    pub fn inner_ends_calls_at_cut(self, yes: bool) -> Self {
+        self.with(|c| c.inner_cuts = yes)
     }
 
     /// The total deadline of a logical request.
@@ -451,6 +466,7 @@ impl<C: Clone> StackLayer<C> {
             cfg: Arc::new(Config {
                 trace: c.trace,
                 shutdown: c.shutdown,
+                inner_cuts: c.inner_cuts,
                 total: c.total,
                 gate: c.gate,
                 concurrency: c.concurrency,
