@@ -46,3 +46,38 @@ async fn the_client_calls_a_plain_text_tonic_server() {
     .await
     .unwrap();
 }
+
+/// Issue 20: a tonic client built with `Grpc::new` over `rebound::Client`
+/// sends a path with no origin. That fails the same way every time: the
+/// status is INTERNAL (not UNAVAILABLE, which callers retry), its message
+/// says to use `with_origin`, and nothing reaches the server.
+#[tokio::test]
+async fn a_tonic_client_without_an_origin_gets_internal_with_a_hint() {
+    use rebound::grpc::tonic::IntoStatusLayer;
+    use tower::Layer;
+
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let server = GrpcServer::start(|_, _| Reply::ok("pong")).await.unwrap();
+        let client = Client::builder()
+            .http2_prior_knowledge(true)
+            .classifier(GrpcClassifier::default())
+            .grpc_retryable_methods(RetryableMethods::none().service("test.Echo"))
+            .build()
+            .unwrap();
+        let mut stub = TestClient::new(IntoStatusLayer::new().layer(client));
+        let status = stub
+            .unary("/test.Echo/Ping", Bytes::from_static(b"ping"))
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Internal, "{status:?}");
+        assert!(
+            status.message().contains("with_origin"),
+            "{}",
+            status.message()
+        );
+        assert!(status.metadata().get("rebound-attempts").is_none());
+        assert!(server.calls_to("/test.Echo/Ping").is_empty());
+    })
+    .await
+    .unwrap();
+}

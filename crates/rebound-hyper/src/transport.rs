@@ -713,7 +713,18 @@ impl Future for HeadFuture {
 fn prepare(mut req: Request<Body>) -> Result<Request<Body>, Error> {
     let uri = req.uri();
     if uri.scheme().is_none() || uri.authority().is_none() {
-        let mut e = Error::new(ErrorKind::InvalidRequest).with_detail("the URL must be absolute");
+        let grpc = req
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+        let detail = if grpc {
+            // tonic's `Grpc::new(client)` sends a path only: say how to fix it.
+            "the URL must be absolute (scheme and host): build the tonic client with \
+             `tonic::client::Grpc::with_origin(client, origin)`, not `Grpc::new`"
+        } else {
+            "the URL must be absolute (scheme and host)"
+        };
+        let mut e = Error::new(ErrorKind::InvalidRequest).with_detail(detail);
         e.extensions_mut().insert(Sent::NotSent);
         return Err(e);
     }

@@ -12,6 +12,7 @@
 //! | `Closed` | `Unavailable` |
 //! | `Connect`, `Tls`, `Timeout(Connect)` / `Timeout(Tls)`, `Transport`, `Body`, or marked [`Sent::NotSent`](crate::Sent) | `Unavailable` |
 //! | `Rejected` (a limit), `Throttled` (a Retry-After gate), `BodyTooLarge` | `ResourceExhausted` |
+//! | `InvalidRequest` (e.g. a URL with no origin: tonic's `Grpc::new(client)` over `rebound::Client`; use `Grpc::with_origin`) | `Internal`: it would fail the same way again |
 //! | anything else | `Internal` |
 //!
 //! The rebound [`Error`] stays reachable: it is the status's `source()`
@@ -61,8 +62,35 @@ pub fn code_of(err: &Error) -> tonic::Code {
         ErrorKind::Rejected | ErrorKind::Throttled | ErrorKind::BodyTooLarge => {
             C::ResourceExhausted
         }
+        // A request that cannot be sent as written (a URL with no origin,
+        // a header that is not valid) fails the same way every time: not
+        // UNAVAILABLE, which callers retry.
+        ErrorKind::InvalidRequest => C::Internal,
         _ if err.extensions().get::<Sent>() == Some(&Sent::NotSent) => C::Unavailable,
         _ => C::Internal,
+    }
+}
+
+/// tonic's code as rebound's, e.g. to mark a code retryable in a
+/// [`GrpcClassifier`](crate::grpc::GrpcClassifier) from what a generated
+/// client names.
+///
+/// ```
+/// use rebound_core::grpc::Code;
+///
+/// assert_eq!(Code::from(tonic::Code::Unavailable), Code::UNAVAILABLE);
+/// assert_eq!(tonic::Code::from(Code::NOT_FOUND), tonic::Code::NotFound);
+/// ```
+impl From<tonic::Code> for crate::grpc::Code {
+    fn from(code: tonic::Code) -> Self {
+        crate::grpc::Code::from_i32(code as i32)
+    }
+}
+
+/// rebound's code as tonic's.
+impl From<crate::grpc::Code> for tonic::Code {
+    fn from(code: crate::grpc::Code) -> Self {
+        tonic::Code::from_i32(i32::from(code.as_u8()))
     }
 }
 
@@ -93,12 +121,14 @@ impl From<Error> for tonic::Status {
     fn from(err: Error) -> Self {
         let code = code_of(&err);
         let mut status = tonic::Status::new(code, err.to_string());
-        let attempts = err.extensions().get::<Attempts>().copied();
-        annotate(
-            status.metadata_mut().as_mut(),
-            attempts.or(Some(Attempts(1))),
-            err.retry_stop(),
-        );
+        // The count only when more than one attempt was made, as on a
+        // response: a first-attempt failure carries none.
+        let attempts = err
+            .extensions()
+            .get::<Attempts>()
+            .copied()
+            .filter(|a| a.0 > 1);
+        annotate(status.metadata_mut().as_mut(), attempts, err.retry_stop());
         status.set_source(Arc::new(err));
         status
     }
@@ -220,6 +250,16 @@ mod tests {
     use tonic::Code as C;
 
     #[test]
+    fn codes_convert_both_ways() {
+        for n in 0..=16 {
+            let tonic = tonic::Code::from_i32(n);
+            let ours = crate::grpc::Code::from(tonic);
+            assert_eq!(i32::from(ours.as_u8()), n);
+            assert_eq!(tonic::Code::from(ours), tonic);
+        }
+    }
+
+    #[test]
     fn mapping() {
         let cases = [
             (Error::timeout(TimeoutStage::Deadline), C::DeadlineExceeded),
@@ -232,6 +272,14 @@ mod tests {
             (Error::new(ErrorKind::Rejected), C::ResourceExhausted),
             (Error::new(ErrorKind::Decode), C::Internal),
             (
+                {
+                    let mut e = Error::new(ErrorKind::InvalidRequest);
+                    e.extensions_mut().insert(Sent::NotSent);
+                    e
+                },
+                C::Internal,
+            ),
+            (
                 Error::new(ErrorKind::Transport).with_source(tonic::Status::not_found("x")),
                 C::NotFound,
             ),
@@ -240,9 +288,21 @@ mod tests {
             let kind = err.kind();
             assert_eq!(tonic::Status::from(err).code(), code, "{kind:?}");
         }
-        let mut e = Error::new(ErrorKind::InvalidRequest);
+        // Any other kind never sent (an open circuit, a shutdown) may go
+        // through on another try.
+        let mut e = Error::new(ErrorKind::CircuitOpen);
         e.extensions_mut().insert(Sent::NotSent);
         assert_eq!(code_of(&e), C::Unavailable);
+    }
+
+    #[test]
+    fn a_first_attempt_failure_carries_no_count() {
+        let status = tonic::Status::from(Error::new(ErrorKind::Connect));
+        assert!(status.metadata().get("rebound-attempts").is_none());
+        let mut e = Error::new(ErrorKind::Connect);
+        e.extensions_mut().insert(Attempts(1));
+        let status = tonic::Status::from(e);
+        assert!(status.metadata().get("rebound-attempts").is_none());
     }
 
     #[test]

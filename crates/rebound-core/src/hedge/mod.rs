@@ -65,7 +65,8 @@
 //! [percentile](HedgePolicy::percentile) of recent attempts' time to
 //! answer, as tower's `Hedge`: a rotating pair of histograms, the written
 //! one swapped for the read one every period; no hedge until the last
-//! period held a minimum sample. Ours is lock-free (atomic buckets, the
+//! period held a minimum sample, or a fixed delay to start from
+//! ([`or_fixed`](HedgePolicy::or_fixed)) until it does. Ours is lock-free (atomic buckets, the
 //! percentile computed once per period). One estimator per layer, shared
 //! by its clones: give upstreams with different latencies their own layer,
 //! or a fixed delay.
@@ -189,6 +190,8 @@ enum Delay {
         percentile: f64,
         min_samples: u64,
         period: Duration,
+        /// The delay while the last period held too few answers.
+        unsampled: Option<Duration>,
     },
 }
 
@@ -242,13 +245,38 @@ impl HedgePolicy {
     /// of recent attempts' time to answer, as tower's `Hedge`. The estimate
     /// comes from the last full [period](Self::period) (default 5 s) and
     /// only when it held at least [`min_samples`](Self::min_samples)
-    /// answers (default 100); until then, no hedge.
+    /// answers (default 100); until then — at start, below about
+    /// `min_samples / period` requests per second (20/s by default), after
+    /// an idle pause — no hedge, unless a fixed delay to start from is
+    /// given with [`or_fixed`](Self::or_fixed):
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use rebound_core::hedge::HedgePolicy;
+    ///
+    /// // The p95 once 100 answers came in the last 5 s; 200 ms until then.
+    /// let policy = HedgePolicy::percentile(0.95).or_fixed(Duration::from_millis(200));
+    /// assert!(policy.validate().is_ok());
+    /// ```
     pub fn percentile(percentile: f64) -> Self {
         HedgePolicy::with(Delay::Percentile {
             percentile,
             min_samples: 100,
             period: Duration::from_secs(5),
+            unsampled: None,
         })
+    }
+
+    /// For a [percentile](Self::percentile) delay: hedge after `delay`
+    /// (above zero) whenever the last period held too few answers for an
+    /// estimate — until the first full period, under light traffic, after
+    /// an idle pause — instead of not hedging. Default: none (no hedge
+    /// until there is an estimate). Ignored for a fixed delay.
+    pub fn or_fixed(mut self, delay: Duration) -> Self {
+        if let Delay::Percentile { unsampled, .. } = &mut self.delay {
+            *unsampled = Some(delay);
+        }
+        self
     }
 
     /// Never hedge: the layer passes every request through (a few branches
@@ -365,7 +393,11 @@ impl HedgePolicy {
                 percentile,
                 min_samples,
                 period,
+                unsampled,
             } => {
+                if let Some(d) = unsampled {
+                    crate::config::validate_duration("hedge or_fixed delay", d)?;
+                }
                 if !(percentile > 0.0 && percentile < 1.0) {
                     return Err(Error::config(
                         "hedge percentile must be in (0, 1), e.g. 0.95",
@@ -435,6 +467,7 @@ impl HedgeLayer {
                 percentile,
                 min_samples,
                 period,
+                ..
             } if !policy.is_off() => Some(Arc::new(Latency::new(percentile, min_samples, period))),
             _ => None,
         };
@@ -483,7 +516,11 @@ impl Shared {
         match self.policy.delay {
             Delay::Off => None,
             Delay::Fixed(d) => Some(d),
-            Delay::Percentile { .. } => self.latency.as_ref().and_then(|l| l.delay(now)),
+            Delay::Percentile { unsampled, .. } => self
+                .latency
+                .as_ref()
+                .and_then(|l| l.delay(now))
+                .or(unsampled),
         }
     }
 

@@ -421,6 +421,44 @@ async fn a_percentile_delay_needs_a_minimum_sample() {
     assert_eq!(log.calls.load(SeqCst), before + 300 + hedged);
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_percentile_delay_starts_from_its_fixed_delay_until_sampled() {
+    // 1 in 4 calls takes a second; 10 calls a second: too few for 50
+    // samples a period, so without `or_fixed` nothing is ever hedged.
+    let script = (0..200)
+        .map(|i| if i % 4 == 0 { (1_000, 200) } else { (2, 200) })
+        .collect::<Vec<_>>();
+    for (or_fixed, want_hedges) in [(None, false), (Some(ms(20)), true)] {
+        let (inner, log) = upstream(script.clone());
+        let mut policy = HedgePolicy::percentile(0.9)
+            .min_samples(50)
+            .period(Duration::from_secs(1));
+        if let Some(d) = or_fixed {
+            policy = policy.or_fixed(d);
+        }
+        let layer = HedgeLayer::new(policy);
+        let mut svc = layer.layer(inner);
+        assert_eq!(layer.current_delay(), or_fixed);
+        let mut hedged = 0;
+        for _ in 0..40 {
+            let res = svc.ready().await.unwrap().call(get()).await.unwrap();
+            hedged += u32::from(res.extensions().get::<Hedged>().is_some());
+            tokio::time::sleep(ms(100)).await;
+        }
+        // Still no estimate: light traffic.
+        assert_eq!(layer.current_delay(), or_fixed);
+        if want_hedges {
+            // Each slow call hedged after 20 ms (a hedge takes the next
+            // script entry, so the count is not exactly one in four).
+            assert!(hedged >= 8, "{hedged}");
+            assert_eq!(log.calls.load(SeqCst), 40 + hedged);
+        } else {
+            assert_eq!(hedged, 0);
+            assert_eq!(log.calls.load(SeqCst), 40);
+        }
+    }
+}
+
 #[test]
 fn settings_that_cannot_work_are_refused_by_name() {
     for (policy, name) in [
@@ -430,6 +468,10 @@ fn settings_that_cannot_work_are_refused_by_name() {
         (HedgePolicy::percentile(0.0), "percentile"),
         (HedgePolicy::percentile(f64::NAN), "percentile"),
         (HedgePolicy::percentile(0.9).min_samples(0), "min_samples"),
+        (
+            HedgePolicy::percentile(0.9).or_fixed(Duration::ZERO),
+            "or_fixed",
+        ),
         (
             HedgePolicy::percentile(0.9).period(Duration::ZERO),
             "period",
