@@ -215,9 +215,40 @@ impl HttpClassifier {
 impl<B> Classifier<B> for HttpClassifier {
     fn classify(&self, outcome: &Result<Response<B>, Error>) -> Verdict {
         match outcome {
-            Ok(res) => self.classify_status(res.status()),
+            Ok(res) => {
+                // gRPC runs on HTTP/2 only: an HTTP/1 answer costs one
+                // comparison here.
+                if res.version() == http::Version::HTTP_2 && is_grpc(res.headers()) {
+                    warn_http_classifier_on_grpc();
+                }
+                self.classify_status(res.status())
+            }
             Err(err) => classify_error(err),
         }
+    }
+}
+
+/// Whether `headers` say gRPC (`content-type: application/grpc...`).
+pub(crate) fn is_grpc(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+}
+
+static WARNED_HTTP_ON_GRPC: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// Once per process: an [`HttpClassifier`] sees gRPC answers, whose errors
+/// come as `200 OK` with a `grpc-status` it does not read.
+#[cold]
+fn warn_http_classifier_on_grpc() {
+    use std::sync::atomic::Ordering;
+    if !WARNED_HTTP_ON_GRPC.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            "an HTTP classifier sees gRPC responses: a gRPC error comes as 200 OK with a \
+             grpc-status it does not read, so nothing is retried; classify with \
+             rebound::grpc::GrpcClassifier (shown once)"
+        );
     }
 }
 

@@ -346,6 +346,9 @@ where
             return Decision::Return(self.finish(outcome, Some(RetryStop::NotReplayable)));
         }
         if !(self.idempotent || sent == Sent::NotSent) {
+            if matches!(&outcome, Ok(res) if crate::classify::is_grpc(res.headers())) {
+                warn_grpc_not_eligible();
+            }
             return Decision::Return(self.finish(outcome, Some(RetryStop::NotEligible)));
         }
         if n >= self.policy.max_attempts {
@@ -780,5 +783,23 @@ where
                 StateProj::Done => panic!("retry ResponseFuture polled after completion"),
             }
         }
+    }
+}
+
+static WARNED_GRPC_NOT_ELIGIBLE: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// Once per process: a gRPC call failed retryably and was not retried
+/// because no method is marked safe to retry (a gRPC call is a POST).
+#[cold]
+fn warn_grpc_not_eligible() {
+    use std::sync::atomic::Ordering;
+    if !WARNED_GRPC_NOT_ELIGIBLE.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            "a gRPC call failed with a retryable status and was not retried: its method is \
+             not marked retryable (gRPC calls are POSTs); declare the methods with \
+             rebound::grpc::RetryableMethods (MarkRetryableLayer, or the client's \
+             grpc_retryable_methods) (shown once)"
+        );
     }
 }
