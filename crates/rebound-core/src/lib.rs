@@ -150,7 +150,8 @@ pub mod trace;
 pub use crate::annotations::{
     Attempt, Attempts, BudgetLeft, CertificateRejected, CircuitState, Closing, Deadline,
     DelaySource, GateWait, Hedged, IdempotencyKey, Idempotent, KeyGenerated, LimiterState,
-    PermitLease, PreviousAttempt, ProposedDelay, Reason, RetryAfterHint, RetryStop, Sent, Verdict,
+    MaxAttempts, PermitLease, PreviousAttempt, ProposedDelay, Reason, RetryAfterHint, RetryStop,
+    Sent, Verdict,
 };
 pub use crate::body::{ReplayableBody, RetryBody};
 pub use crate::error::{BoxError, Error, ErrorKind, TimeoutStage};
