@@ -165,7 +165,7 @@ async fn tls_hang_is_retried_on_a_new_connection() {
             .tls_timeout(ms(300))
             .build()
             .unwrap();
-        let res = client.post(&server).await.unwrap();
+        let res = client.post_orders(&server).await.unwrap();
         assert_eq!(res.status(), 200);
         assert_eq!(Attempts::of(res.extensions()), 2);
         assert_eq!(server.connections(), 2);
@@ -515,7 +515,7 @@ async fn post_reset_with_a_key_is_retried_with_the_same_key() {
             .start()
             .await;
         let client = client().build().unwrap();
-        let res = client.post(&server).await.unwrap();
+        let res = client.post_orders(&server).await.unwrap();
         assert_eq!(res.status(), 201);
         assert_eq!(Attempts::of(res.extensions()), 2);
         let seen = server.requests_to("/orders");
@@ -568,14 +568,14 @@ fn build_refuses_configuration_that_cannot_work() {
 // ===== hyper-util's own re-send is not a second attempt =====
 
 trait PostTo {
-    fn post(
+    fn post_orders(
         &self,
         server: &FaultServer,
     ) -> impl std::future::Future<Output = Result<http::Response<rebound::ClientBody>, Error>>;
 }
 
 impl PostTo for Client {
-    fn post(
+    fn post_orders(
         &self,
         server: &FaultServer,
     ) -> impl std::future::Future<Output = Result<http::Response<rebound::ClientBody>, Error>> {

@@ -272,7 +272,7 @@ pub enum JsonErrorCategory {
 }
 
 impl JsonError {
-    fn from_serde(e: &serde_json::Error) -> Self {
+    pub(crate) fn from_serde(e: &serde_json::Error) -> Self {
         use serde_json::error::Category;
         let category = match e.classify() {
             Category::Io => JsonErrorCategory::Io,
