@@ -157,11 +157,10 @@ async fn shutdown_ends_waits_lets_quick_requests_finish_and_cuts_the_rest() {
     assert_eq!(err.extensions().get::<Sent>(), Some(&Sent::NotSent));
     let clone = client.clone();
     assert!(clone.is_closed());
-    assert!(clone
-        .get(server.url("/quick"))
-        .await
-        .unwrap_err()
-        .is_closed());
+    assert!(matches!(
+        clone.get(server.url("/quick")).await.unwrap_err().kind(),
+        ErrorKind::Closed
+    ));
     sleep(Duration::from_millis(100)).await;
     assert_eq!(
         server.requests_started(),
@@ -197,7 +196,10 @@ async fn concurrent_shutdowns_from_clones_agree_and_zero_grace_cuts_at_once() {
     assert_eq!(a, b);
     assert_eq!((a.in_flight, a.completed, a.cancelled), (3, 0, 3));
     for t in reqs {
-        assert!(t.await.unwrap().unwrap_err().is_closed());
+        assert!(matches!(
+            t.await.unwrap().unwrap_err().kind(),
+            ErrorKind::Closed
+        ));
     }
     assert!(
         start.elapsed() < Duration::from_millis(500),
@@ -264,7 +266,10 @@ async fn shutdown_closes_the_pooled_connections() {
         "{:?}",
         start.elapsed()
     );
-    assert!(client.get(plain.url("/a")).await.unwrap_err().is_closed());
+    assert!(matches!(
+        client.get(plain.url("/a")).await.unwrap_err().kind(),
+        ErrorKind::Closed
+    ));
     assert_eq!(plain.connections(), 1, "no new connection");
     // The pool's idle-sweep timer lives until its next tick (60 s) or the
     // last clone: drop it, and nothing of the client is left.

@@ -681,6 +681,23 @@ pub enum RetryStop {
 }
 
 impl RetryStop {
+    /// Why the retry loop stopped, carried in `ext` (a response's or an
+    /// error's extensions); `None` when it succeeded or no retry loop ran.
+    /// On an error, [`Error::retry_stop`](crate::Error::retry_stop) says
+    /// the same.
+    ///
+    /// ```
+    /// use rebound_core::RetryStop;
+    ///
+    /// let mut res = http::Response::new(());
+    /// assert_eq!(RetryStop::of(res.extensions()), None);
+    /// res.extensions_mut().insert(RetryStop::Attempts);
+    /// assert_eq!(RetryStop::of(res.extensions()), Some(RetryStop::Attempts));
+    /// ```
+    pub fn of(ext: &Extensions) -> Option<RetryStop> {
+        ext.get::<RetryStop>().copied()
+    }
+
     /// A short label: `"fatal"`, `"not_eligible"`, `"not_replayable"`,
     /// `"attempts"`, `"budget"`, `"deadline"`, `"hedged"` or `"closed"`.
     pub fn as_str(&self) -> &'static str {

@@ -31,7 +31,7 @@
 //!
 //! * **Constructors.** `XLayer::new(..)` returns the layer and panics, naming
 //!   the argument, on a value that cannot work; `XLayer::try_new(..)` returns
-//!   the [configuration error](Error::is_config) instead (see
+//!   the [configuration error](ErrorKind::Config) instead (see
 //!   [`config::expect_valid`]). Setters follow the same rule (`x` / `try_x`).
 //! * **Names.** The service of `XLayer` is `X` (`Retry`, `Classify`,
 //!   `AttemptTimeout`, `ConcurrencyLimit`, ...), except where `X` is already

@@ -23,7 +23,7 @@
 //!     .total_timeout(Duration::from_secs(10))
 //!     .build()
 //!     .unwrap_err();
-//! assert!(err.is_config());
+//! assert_eq!(err.kind(), rebound_core::ErrorKind::Config);
 //! assert!(err.to_string().contains("attempt timeout (20s) is longer than the total timeout (10s)"));
 //! # Ok(())
 //! # }
@@ -1212,7 +1212,7 @@ impl ClientBuilder {
     ///
     /// # Errors
     ///
-    /// A [configuration error](Error::is_config) saying what cannot work: a
+    /// A [configuration error](ErrorKind::Config) saying what cannot work: a
     /// zero or over-a-day timeout, an attempt timeout longer than the total
     /// timeout, a backoff cap longer than the total timeout, zero attempts,
     /// a zero concurrency limit, no root certificates, a
@@ -1834,7 +1834,7 @@ mod tests {
             .total_timeout(secs(10))
             .build()
             .unwrap_err();
-        assert!(err.is_config());
+        assert!(matches!(err.kind(), ErrorKind::Config));
         assert!(
             err.to_string()
                 .contains("attempt timeout (20s) is longer than the total timeout (10s)"),

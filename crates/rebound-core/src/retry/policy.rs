@@ -198,6 +198,7 @@ impl RetryPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ErrorKind;
 
     #[test]
     fn defaults() {
@@ -224,11 +225,14 @@ mod tests {
 
     #[test]
     fn validation() {
-        assert!(RetryPolicy::default()
-            .max_attempts(0)
-            .validate()
-            .unwrap_err()
-            .is_config());
+        assert!(matches!(
+            RetryPolicy::default()
+                .max_attempts(0)
+                .validate()
+                .unwrap_err()
+                .kind(),
+            ErrorKind::Config
+        ));
         assert!(RetryPolicy::default().max_attempts(101).validate().is_err());
         assert!(RetryPolicy::default().max_attempts(1).validate().is_ok());
     }
