@@ -11,6 +11,6 @@ pub use rebound_hyper;
 pub use rebound_hyper::json;
 pub use rebound_hyper::{
     Body, BodyTimeouts, Client, ClientBody, ClientBuilder, ClientClassifier, HyperTransport,
-    JsonError, JsonErrorCategory, MinBodyRate, ResponseBody, ResponseFuture, TlsRoots,
-    TransportBuilder, UnexpectedStatus,
+    JsonError, JsonErrorCategory, MinBodyRate, RequestBuilder, ResponseBody, ResponseFuture,
+    SendFuture, TlsRoots, TransportBuilder, UnexpectedStatus,
 };

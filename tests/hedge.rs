@@ -2,6 +2,7 @@
 //! is overtaken by its hedge and its connection closed; a POST without the
 //! caller's own key is never hedged; hedges stop when the retry budget is empty.
 
+use rebound::ErrorKind;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -243,6 +244,6 @@ fn a_hedge_policy_that_cannot_work_is_a_build_error_not_a_panic() {
         .hedge(HedgePolicy::fixed(Duration::ZERO))
         .build()
         .unwrap_err();
-    assert!(err.is_config());
+    assert!(matches!(err.kind(), ErrorKind::Config));
     assert!(err.to_string().contains("hedge delay"), "{err}");
 }

@@ -2,6 +2,7 @@
 //! idempotency keys, streamed request bodies that replay under a cap, and
 //! JSON helpers that read the response body inside the attempt.
 
+use rebound::ErrorKind;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -437,7 +438,7 @@ async fn get_json_on_invalid_json_is_one_attempt_and_a_decode_error() {
         .get_json::<Order>(server.url("/order?key=hush"))
         .await
         .unwrap_err();
-    assert!(err.is_decode(), "{err:?}");
+    assert!(matches!(err.kind(), ErrorKind::Decode), "{err:?}");
     let json = err.find_source::<JsonError>().unwrap();
     assert_eq!(json.category(), JsonErrorCategory::Syntax);
     let shown = format!("{err} {err:?}");
@@ -462,7 +463,7 @@ async fn get_json_on_the_wrong_shape_is_a_decode_error_without_the_body() {
         .get_json::<Order>(server.url("/order"))
         .await
         .unwrap_err();
-    assert!(err.is_decode());
+    assert!(matches!(err.kind(), ErrorKind::Decode));
     assert_eq!(
         err.find_source::<JsonError>().unwrap().category(),
         JsonErrorCategory::Data
@@ -484,7 +485,7 @@ async fn get_json_on_an_empty_200_is_a_decode_error() {
         .get_json::<Order>(server.url("/order"))
         .await
         .unwrap_err();
-    assert!(err.is_decode(), "{err:?}");
+    assert!(matches!(err.kind(), ErrorKind::Decode), "{err:?}");
     assert!(err.to_string().contains("response body is empty"), "{err}");
     assert_eq!(server.requests_to("/order").len(), 1);
 }
@@ -519,7 +520,10 @@ async fn get_json_refuses_a_20_mib_body_without_reading_it() {
             .await
             .unwrap_or_else(|_| panic!("{path}: the client waited for the whole body"))
             .unwrap_err();
-        assert!(err.is_body_too_large(), "{path}: {err:?}");
+        assert!(
+            matches!(err.kind(), ErrorKind::BodyTooLarge),
+            "{path}: {err:?}"
+        );
         assert!(err.to_string().contains("body too large"), "{err}");
         assert_eq!(
             err.retry_stop(),
@@ -541,7 +545,7 @@ async fn max_response_body_is_configurable() {
         .get_json::<Order>(server.url("/order"))
         .await
         .unwrap_err();
-    assert!(err.is_body_too_large(), "{err:?}");
+    assert!(matches!(err.kind(), ErrorKind::BodyTooLarge), "{err:?}");
 }
 
 #[tokio::test]
@@ -595,7 +599,7 @@ async fn json_helpers_report_a_final_error_status_with_its_attempts() {
         .get_json::<Order>(server.url("/order"))
         .await
         .unwrap_err();
-    assert!(err.is_status(), "{err:?}");
+    assert!(matches!(err.kind(), ErrorKind::Status), "{err:?}");
     assert_eq!(err.find_source::<UnexpectedStatus>().unwrap().status(), 404);
     assert!(!format!("{err} {err:?}").contains("s3cret"));
     assert_eq!(server.requests_to("/order").len(), 1);
@@ -606,7 +610,7 @@ async fn json_helpers_report_a_final_error_status_with_its_attempts() {
         .unwrap_err();
     assert_eq!(err.find_source::<UnexpectedStatus>().unwrap().status(), 503);
     assert_eq!(err.attempts(), 2);
-    assert!(err.is_attempts_exhausted());
+    assert!((err.retry_stop() == Some(RetryStop::Attempts)));
 }
 
 #[tokio::test]
@@ -718,7 +722,7 @@ async fn both_stacks_share_the_retry_after_gate() {
         .get_json::<Order>(server.url("/b"))
         .await
         .unwrap_err();
-    assert!(err.is_throttled(), "{err:?}");
+    assert!(matches!(err.kind(), ErrorKind::Throttled), "{err:?}");
     assert_eq!(server.request_count(), 1);
 }
 

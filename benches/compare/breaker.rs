@@ -25,6 +25,7 @@
 //!   from recovery + break (5 s) + 1 s to the end, ÷ its success rate
 //!   before the outage. Target ≥ 95 %.
 
+use rebound::ErrorKind;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -138,7 +139,9 @@ async fn scenario(per_sec: u64, breaker: bool) -> Result<Figures, BoxError> {
                     offered,
                     finished: start.elapsed(),
                     ok: out.as_ref().is_ok_and(|r| r.status().is_success()),
-                    circuit_open: out.as_ref().is_err_and(|e| e.is_circuit_open()),
+                    circuit_open: out
+                        .as_ref()
+                        .is_err_and(|e| matches!(e.kind(), ErrorKind::CircuitOpen)),
                 };
                 outcomes.lock().unwrap().push(outcome);
             });

@@ -4,7 +4,8 @@
 //! these annotations (DESIGN.md §1.3):
 //!
 //! * **On the request, going down:** [`Deadline`], [`Attempt`],
-//!   [`IdempotencyKey`], [`Idempotent`], [`PreviousAttempt`].
+//!   [`MaxAttempts`], [`IdempotencyKey`], [`Idempotent`],
+//!   [`PreviousAttempt`].
 //! * **On the outcome, going up** (the response's extensions, or the
 //!   [`Error`](crate::Error)'s own [`extensions`](crate::Error::extensions)):
 //!   [`Verdict`], [`RetryAfterHint`], [`ProposedDelay`]; and facts only a
@@ -161,6 +162,36 @@ impl Attempt {
     /// The attempt number carried in `ext`, `1` when absent.
     pub fn of(ext: &Extensions) -> u32 {
         ext.get::<Attempt>().map_or(1, |a| a.0)
+    }
+}
+
+/// The most attempts the retry loop may make for **this** request, the
+/// first included, in place of its policy's
+/// [`max_attempts`](crate::retry::RetryPolicy::max_attempts): lower
+/// (`MaxAttempts(1)`: send once, never retry) or higher. Put on the
+/// request by the caller (the ready-made client's request builder does it
+/// for `.attempts(n)`); read once, when the request enters the retry loop
+/// (the [`RetryLayer`](crate::retry::RetryLayer)'s, or the one-service
+/// stack's).
+///
+/// Only the count changes: eligibility, the retry budget and the deadline
+/// still bound every retry. A value outside the policy's valid range
+/// `1..=100` is clamped into it (0 means 1). Absence: the policy's count.
+///
+/// ```
+/// use rebound_core::annotations::MaxAttempts;
+///
+/// let mut req = http::Request::new(());
+/// req.extensions_mut().insert(MaxAttempts(1));
+/// assert_eq!(MaxAttempts::of(req.extensions()), Some(1));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct MaxAttempts(pub u32);
+
+impl MaxAttempts {
+    /// The count carried in `ext`, as given (not clamped), if any.
+    pub fn of(ext: &Extensions) -> Option<u32> {
+        ext.get::<MaxAttempts>().map(|m| m.0)
     }
 }
 
@@ -650,6 +681,23 @@ pub enum RetryStop {
 }
 
 impl RetryStop {
+    /// Why the retry loop stopped, carried in `ext` (a response's or an
+    /// error's extensions); `None` when it succeeded or no retry loop ran.
+    /// On an error, [`Error::retry_stop`](crate::Error::retry_stop) says
+    /// the same.
+    ///
+    /// ```
+    /// use rebound_core::RetryStop;
+    ///
+    /// let mut res = http::Response::new(());
+    /// assert_eq!(RetryStop::of(res.extensions()), None);
+    /// res.extensions_mut().insert(RetryStop::Attempts);
+    /// assert_eq!(RetryStop::of(res.extensions()), Some(RetryStop::Attempts));
+    /// ```
+    pub fn of(ext: &Extensions) -> Option<RetryStop> {
+        ext.get::<RetryStop>().copied()
+    }
+
     /// A short label: `"fatal"`, `"not_eligible"`, `"not_replayable"`,
     /// `"attempts"`, `"budget"`, `"deadline"`, `"hedged"` or `"closed"`.
     pub fn as_str(&self) -> &'static str {

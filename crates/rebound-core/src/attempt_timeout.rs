@@ -101,7 +101,7 @@ impl AttemptTimeoutLayer {
     ///
     /// # Errors
     ///
-    /// A [configuration error](Error::is_config) if `timeout` is zero or
+    /// A [configuration error](crate::ErrorKind::Config) if `timeout` is zero or
     /// longer than one day.
     pub fn try_new(timeout: Duration) -> Result<Self, Error> {
         Ok(AttemptTimeoutLayer {
@@ -122,7 +122,7 @@ impl AttemptTimeoutLayer {
     ///
     /// # Errors
     ///
-    /// A [configuration error](Error::is_config) naming both values when
+    /// A [configuration error](crate::ErrorKind::Config) naming both values when
     /// `self.timeout() > total`.
     pub fn check_within(&self, total: Duration) -> Result<(), Error> {
         if self.timeout > total {
@@ -298,6 +298,7 @@ mod tests {
 
     use super::*;
     use crate::deadline::DeadlineLayer;
+    use crate::ErrorKind;
 
     fn secs(s: u64) -> Duration {
         Duration::from_secs(s)
@@ -312,15 +313,21 @@ mod tests {
 
     #[test]
     fn config_is_validated() {
-        assert!(AttemptTimeoutLayer::try_new(Duration::ZERO)
-            .unwrap_err()
-            .is_config());
-        assert!(AttemptTimeoutLayer::try_new(secs(90_000))
-            .unwrap_err()
-            .is_config());
+        assert!(matches!(
+            AttemptTimeoutLayer::try_new(Duration::ZERO)
+                .unwrap_err()
+                .kind(),
+            ErrorKind::Config
+        ));
+        assert!(matches!(
+            AttemptTimeoutLayer::try_new(secs(90_000))
+                .unwrap_err()
+                .kind(),
+            ErrorKind::Config
+        ));
         let layer = AttemptTimeoutLayer::try_new(secs(20)).unwrap();
         let err = layer.check_within(secs(10)).unwrap_err();
-        assert!(err.is_config());
+        assert!(matches!(err.kind(), ErrorKind::Config));
         assert!(
             err.to_string()
                 .contains("attempt timeout (20s) is longer than the total timeout (10s)"),

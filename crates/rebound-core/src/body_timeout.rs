@@ -130,7 +130,7 @@ impl MinBodyRate {
     ///
     /// # Errors
     ///
-    /// A [configuration error](Error::is_config) if `bytes_per_sec` is zero,
+    /// A [configuration error](crate::ErrorKind::Config) if `bytes_per_sec` is zero,
     /// or `window` is under 100 ms or over a day.
     pub fn try_new(bytes_per_sec: u64, window: Duration) -> Result<Self, Error> {
         if bytes_per_sec == 0 {
@@ -168,7 +168,7 @@ impl MinBodyRate {
     ///
     /// # Errors
     ///
-    /// A [configuration error](Error::is_config) if `grace` is over a day.
+    /// A [configuration error](crate::ErrorKind::Config) if `grace` is over a day.
     pub fn try_grace(mut self, grace: Duration) -> Result<Self, Error> {
         if grace > MAX_DURATION {
             return Err(Error::config(format!(
@@ -235,7 +235,7 @@ impl BodyTimeouts {
     ///
     /// # Errors
     ///
-    /// A [configuration error](Error::is_config) if `d` is zero or over a
+    /// A [configuration error](crate::ErrorKind::Config) if `d` is zero or over a
     /// day.
     pub fn try_idle(mut self, d: Duration) -> Result<Self, Error> {
         self.idle = Some(validate("body idle timeout", d)?);

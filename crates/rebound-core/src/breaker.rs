@@ -1481,7 +1481,7 @@ mod tests {
             ),
         ] {
             let err = CircuitBreakerLayer::try_new(cfg.clone()).unwrap_err();
-            assert!(err.is_config(), "{err}");
+            assert!(matches!(err.kind(), ErrorKind::Config), "{err}");
             assert!(err.to_string().contains(name), "{err}");
             let panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 CircuitBreakerLayer::new(cfg)

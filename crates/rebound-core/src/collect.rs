@@ -587,7 +587,7 @@ mod tests {
         let err = c
             .push(Frame::data(Bytes::from_static(b"f")), 5)
             .unwrap_err();
-        assert!(err.is_body_too_large());
+        assert!(matches!(err.kind(), ErrorKind::BodyTooLarge));
         assert_eq!(c.finish().bytes(), "abcde");
     }
 }

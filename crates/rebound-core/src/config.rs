@@ -8,7 +8,7 @@
 //!
 //! assert!(validate_duration("attempt timeout", Duration::from_secs(10)).is_ok());
 //! let err = validate_duration("attempt timeout", Duration::ZERO).unwrap_err();
-//! assert!(err.is_config());
+//! assert_eq!(err.kind(), rebound_core::ErrorKind::Config);
 //! assert!(err.to_string().contains("attempt timeout must be greater than zero"));
 //! ```
 
@@ -25,7 +25,7 @@ pub const MAX_DURATION: Duration = Duration::from_secs(24 * 60 * 60);
 ///
 /// # Errors
 ///
-/// A [configuration error](Error::is_config) that names `what` and the value.
+/// A [configuration error](crate::ErrorKind::Config) that names `what` and the value.
 pub fn validate_duration(what: &str, d: Duration) -> Result<Duration, Error> {
     if d.is_zero() {
         return Err(Error::config(format!("{what} must be greater than zero")));
@@ -42,7 +42,7 @@ pub fn validate_duration(what: &str, d: Duration) -> Result<Duration, Error> {
 /// constructor refused what: how every `new` in rebound follows tower's
 /// idiom (DESIGN.md §10) — `new` returns the value and panics on arguments
 /// that cannot work, `try_new` returns the [configuration
-/// error](Error::is_config) instead.
+/// error](crate::ErrorKind::Config) instead.
 ///
 /// ```should_panic
 /// use std::time::Duration;

@@ -1,12 +1,73 @@
-//! The one error type of the stack.
+//! The one error type of the stack, and how to read an outcome.
 //!
-//! [`Error`] is an opaque struct in hyper-util's shape: a kind the caller can
-//! ask about ([`Error::kind`], [`Error::is_timeout`], [`Error::timeout_stage`],
-//! [`Error::is_connect`], ...), the [`source()`](std::error::Error::source)
-//! chain, and an `http::Extensions` of its own so that outcome annotations
-//! ([`Verdict`](crate::annotations::Verdict),
-//! [`Attempts`], ...) ride on errors exactly as
-//! they ride on responses.
+//! ```
+//! use rebound_core::{Error, ErrorKind, TimeoutStage};
+//!
+//! let uri: http::Uri = "https://user:pw@api.example.com/v1/models?key=secret".parse().unwrap();
+//! let err = Error::timeout(TimeoutStage::Headers).with_request(&http::Method::GET, &uri);
+//! assert_eq!(err.kind(), ErrorKind::Timeout(TimeoutStage::Headers));
+//! assert_eq!(err.to_string(), "timeout (headers) for GET https://api.example.com/v1/models");
+//!
+//! // It is a `tower::BoxError`, and comes back out of one unchanged.
+//! let boxed: tower::BoxError = err.into();
+//! let back = Error::from_boxed(boxed);
+//! assert!(matches!(back.kind(), ErrorKind::Timeout(_)));
+//! ```
+//!
+//! [`Error`] is an opaque struct in hyper-util's shape: its
+//! [kind](Error::kind), the [`source()`](std::error::Error::source) chain,
+//! and an `http::Extensions` of its own so that outcome annotations
+//! ([`Verdict`](crate::annotations::Verdict), [`Attempts`], ...) ride on
+//! errors exactly as they ride on responses.
+//!
+//! # Reading an outcome
+//!
+//! Two questions, each with one answer, the same on `Err` and on
+//! `Ok(response)`:
+//!
+//! * **What failed?** [`Error::kind`], an [`ErrorKind`] to match on
+//!   (`ErrorKind::Timeout(stage)`, `Connect`, `CircuitOpen`, ...). It is
+//!   the only reading of an error's kind; the `is_timeout()`-style
+//!   predicates are deprecated aliases of it, and
+//!   [`timeout_stage`](Error::timeout_stage) is the stage of a `Timeout`
+//!   kind. A response is not a failure: its status is the server's answer.
+//! * **Did the retry loop give up?** [`RetryStop`], on whatever the caller
+//!   finally gets when the loop stopped short of a success: on an error,
+//!   [`Error::retry_stop`]; on a response (the last real answer, a 503
+//!   after its retries), [`RetryStop::of`]`(res.extensions())`. `None`
+//!   means it succeeded (or no retry loop ran); `Some(RetryStop::Attempts)`
+//!   that it ran out of attempts, `Some(RetryStop::Budget)` that the retry
+//!   budget refused another, and so on. How many attempts were made:
+//!   [`Error::attempts`] and [`Attempts::of`]`(res.extensions())`.
+//!
+//! ```
+//! use rebound_core::{Attempts, Error, ErrorKind, RetryStop};
+//!
+//! // What a retry loop hands back after three 503s: the last response...
+//! let mut res = http::Response::new(());
+//! *res.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
+//! res.extensions_mut().insert(Attempts(3));
+//! res.extensions_mut().insert(RetryStop::Attempts);
+//! // ...or, after three refused connections, the last error.
+//! let mut err = Error::new(ErrorKind::Connect);
+//! err.extensions_mut().insert(Attempts(3));
+//! err.extensions_mut().insert(RetryStop::Attempts);
+//!
+//! let outcome: Result<http::Response<()>, Error> = Ok(res);
+//! let (gave_up, attempts) = match &outcome {
+//!     Ok(res) => (RetryStop::of(res.extensions()), Attempts::of(res.extensions())),
+//!     Err(err) => (err.retry_stop(), err.attempts()),
+//! };
+//! assert_eq!((gave_up, attempts), (Some(RetryStop::Attempts), 3));
+//! assert_eq!((err.kind(), err.retry_stop()), (ErrorKind::Connect, Some(RetryStop::Attempts)));
+//! ```
+//!
+//! Whether an attempt may have reached the server is the outcome's
+//! [`Verdict`](crate::annotations::Verdict)'s
+//! [`sent`](crate::annotations::Verdict::sent), or a
+//! [`Sent`](crate::Sent) in the error's extensions.
+//!
+//! # What an error shows
 //!
 //! `Display` names what failed, the method and the URL **without** query,
 //! userinfo or any header value: `timeout (headers) for GET
@@ -20,21 +81,6 @@
 //! Every rebound layer has `type Error = rebound::Error`. Inner errors are
 //! turned into it with [`Error::from_boxed`], which never wraps an inner
 //! `rebound::Error` twice.
-//!
-//! ```
-//! use rebound_core::{Error, ErrorKind, TimeoutStage};
-//!
-//! let uri: http::Uri = "https://user:pw@api.example.com/v1/models?key=secret".parse().unwrap();
-//! let err = Error::timeout(TimeoutStage::Headers).with_request(&http::Method::GET, &uri);
-//! assert!(err.is_timeout());
-//! assert_eq!(err.kind(), ErrorKind::Timeout(TimeoutStage::Headers));
-//! assert_eq!(err.to_string(), "timeout (headers) for GET https://api.example.com/v1/models");
-//!
-//! // It is a `tower::BoxError`, and comes back out of one unchanged.
-//! let boxed: tower::BoxError = err.into();
-//! let back = Error::from_boxed(boxed);
-//! assert!(back.is_timeout());
-//! ```
 
 use std::error::Error as StdError;
 use std::fmt;
@@ -298,17 +344,20 @@ impl Error {
         }
     }
 
-    /// The kind of failure.
+    /// The kind of failure: **the** reading of an error (see the [module
+    /// docs](self)).
     pub fn kind(&self) -> ErrorKind {
         self.inner.kind
     }
 
     /// Whether a timeout fired (at any stage).
+    #[deprecated(note = "read the kind: `matches!(err.kind(), ErrorKind::Timeout(_))`")]
     pub fn is_timeout(&self) -> bool {
         matches!(self.inner.kind, ErrorKind::Timeout(_))
     }
 
-    /// The stage of the timeout, if this is one.
+    /// The stage of the timeout, if the [kind](Self::kind) is
+    /// `ErrorKind::Timeout(stage)`.
     pub fn timeout_stage(&self) -> Option<TimeoutStage> {
         match self.inner.kind {
             ErrorKind::Timeout(stage) => Some(stage),
@@ -317,67 +366,80 @@ impl Error {
     }
 
     /// Whether the connection could not be established (not a timeout).
+    #[deprecated(note = "read the kind: `err.kind() == ErrorKind::Connect`")]
     pub fn is_connect(&self) -> bool {
         self.inner.kind == ErrorKind::Connect
     }
 
     /// Whether the TLS handshake failed (not a timeout).
+    #[deprecated(note = "read the kind: `err.kind() == ErrorKind::Tls`")]
     pub fn is_tls(&self) -> bool {
         self.inner.kind == ErrorKind::Tls
     }
 
     /// Whether reading or writing a body failed.
+    #[deprecated(note = "read the kind: `err.kind() == ErrorKind::Body`")]
     pub fn is_body(&self) -> bool {
         self.inner.kind == ErrorKind::Body
     }
 
     /// Whether a body was over its cap.
+    #[deprecated(note = "read the kind: `err.kind() == ErrorKind::BodyTooLarge`")]
     pub fn is_body_too_large(&self) -> bool {
         self.inner.kind == ErrorKind::BodyTooLarge
     }
 
     /// Whether a body could not be decoded.
+    #[deprecated(note = "read the kind: `err.kind() == ErrorKind::Decode`")]
     pub fn is_decode(&self) -> bool {
         self.inner.kind == ErrorKind::Decode
     }
 
     /// Whether a helper expecting a success got another status.
+    #[deprecated(note = "read the kind: `err.kind() == ErrorKind::Status`")]
     pub fn is_status(&self) -> bool {
         self.inner.kind == ErrorKind::Status
     }
 
     /// Whether the caller cancelled the request.
+    #[deprecated(note = "read the kind: `err.kind() == ErrorKind::Cancelled`")]
     pub fn is_cancelled(&self) -> bool {
         self.inner.kind == ErrorKind::Cancelled
     }
 
     /// Whether the client (or stack) was shut down under the request.
+    #[deprecated(note = "read the kind: `err.kind() == ErrorKind::Closed`")]
     pub fn is_closed(&self) -> bool {
         self.inner.kind == ErrorKind::Closed
     }
 
     /// Whether a concurrency limiter refused the request.
+    #[deprecated(note = "read the kind: `err.kind() == ErrorKind::Rejected`")]
     pub fn is_rejected(&self) -> bool {
         self.inner.kind == ErrorKind::Rejected
     }
 
     /// Whether a Retry-After gate refused the request.
+    #[deprecated(note = "read the kind: `err.kind() == ErrorKind::Throttled`")]
     pub fn is_throttled(&self) -> bool {
         self.inner.kind == ErrorKind::Throttled
     }
 
     /// Whether a circuit breaker failed the request at once (not sent).
+    #[deprecated(note = "read the kind: `err.kind() == ErrorKind::CircuitOpen`")]
     pub fn is_circuit_open(&self) -> bool {
         self.inner.kind == ErrorKind::CircuitOpen
     }
 
     /// Whether a write may have been processed and its state could not be
     /// reconciled (see `rebound_core::reconcile`).
+    #[deprecated(note = "read the kind: `err.kind() == ErrorKind::Ambiguous`")]
     pub fn is_ambiguous(&self) -> bool {
         self.inner.kind == ErrorKind::Ambiguous
     }
 
     /// Whether this is a configuration error from building a layer or client.
+    #[deprecated(note = "read the kind: `err.kind() == ErrorKind::Config`")]
     pub fn is_config(&self) -> bool {
         self.inner.kind == ErrorKind::Config
     }
@@ -385,17 +447,24 @@ impl Error {
     /// Whether the retry loop stopped because its budget refused another
     /// attempt. The error itself is then the last real outcome (e.g. a
     /// connect error); this asks the [`RetryStop`] annotation it carries.
+    #[deprecated(
+        note = "read why the loop stopped: `err.retry_stop() == Some(RetryStop::Budget)` (also on a response: `RetryStop::of(res.extensions())`)"
+    )]
     pub fn is_budget_exhausted(&self) -> bool {
         self.retry_stop() == Some(RetryStop::Budget)
     }
 
     /// Whether the retry loop stopped because it ran out of attempts.
+    #[deprecated(
+        note = "read why the loop stopped: `err.retry_stop() == Some(RetryStop::Attempts)` (also on a response: `RetryStop::of(res.extensions())`)"
+    )]
     pub fn is_attempts_exhausted(&self) -> bool {
         self.retry_stop() == Some(RetryStop::Attempts)
     }
 
-    /// Why the retry loop stopped, if a retry layer handled this request and
-    /// did not succeed.
+    /// Why the retry loop stopped, if a retry loop handled this request and
+    /// did not succeed: the same answer as [`RetryStop::of`] on a response
+    /// (see the [module docs](self)).
     pub fn retry_stop(&self) -> Option<RetryStop> {
         self.inner.extensions.get::<RetryStop>().copied()
     }
@@ -539,8 +608,8 @@ mod tests {
         e.extensions_mut().insert(Attempts(3));
         e.extensions_mut().insert(RetryStop::Budget);
         assert_eq!(e.attempts(), 3);
-        assert!(e.is_budget_exhausted());
-        assert!(!e.is_attempts_exhausted());
+        assert_eq!(e.retry_stop(), Some(RetryStop::Budget));
+        assert_eq!(e.retry_stop(), RetryStop::of(e.extensions()));
     }
 
     #[test]

@@ -591,7 +591,9 @@ fn may_fall_back<R>(outcome: &Result<Response<R>, Error>) -> bool {
         Some(Verdict::Retryable { .. }) => return true,
         // Fatal for the retry loop, but a reason to try another route: an
         // open circuit failed the request at once, not sent.
-        Some(Verdict::Fatal { .. }) => return matches!(outcome, Err(e) if e.is_circuit_open()),
+        Some(Verdict::Fatal { .. }) => {
+            return matches!(outcome, Err(e) if matches!(e.kind(), ErrorKind::CircuitOpen))
+        }
         Some(Verdict::Success) => return false,
         None => {}
     }

@@ -249,6 +249,11 @@ impl<M> IdempotencyKeyLayer<M> {
         self
     }
 
+    /// The header that carries the key.
+    pub fn get_header_name(&self) -> &HeaderName {
+        &self.config.header
+    }
+
     /// The methods that get a key; any other request passes untouched.
     /// Default is POST and PATCH. An empty set turns the layer off.
     pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {

@@ -31,7 +31,7 @@
 //!
 //! * **Constructors.** `XLayer::new(..)` returns the layer and panics, naming
 //!   the argument, on a value that cannot work; `XLayer::try_new(..)` returns
-//!   the [configuration error](Error::is_config) instead (see
+//!   the [configuration error](ErrorKind::Config) instead (see
 //!   [`config::expect_valid`]). Setters follow the same rule (`x` / `try_x`).
 //! * **Names.** The service of `XLayer` is `X` (`Retry`, `Classify`,
 //!   `AttemptTimeout`, `ConcurrencyLimit`, ...), except where `X` is already
@@ -150,7 +150,8 @@ pub mod trace;
 pub use crate::annotations::{
     Attempt, Attempts, BudgetLeft, CertificateRejected, CircuitState, Closing, Deadline,
     DelaySource, GateWait, Hedged, IdempotencyKey, Idempotent, KeyGenerated, LimiterState,
-    PermitLease, PreviousAttempt, ProposedDelay, Reason, RetryAfterHint, RetryStop, Sent, Verdict,
+    MaxAttempts, PermitLease, PreviousAttempt, ProposedDelay, Reason, RetryAfterHint, RetryStop,
+    Sent, Verdict,
 };
 pub use crate::body::{ReplayableBody, RetryBody};
 pub use crate::error::{BoxError, Error, ErrorKind, TimeoutStage};

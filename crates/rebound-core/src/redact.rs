@@ -325,7 +325,7 @@ impl PathRedaction {
     ///
     /// # Errors
     ///
-    /// A [configuration error](crate::Error::is_config) naming the
+    /// A [configuration error](crate::ErrorKind::Config) naming the
     /// template if one does not start with `/`, or has a brace that is not
     /// a whole `{name}` segment.
     pub fn try_templates<I>(templates: I) -> Result<Self, crate::Error>
@@ -999,6 +999,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ErrorKind;
 
     #[cfg(any(feature = "breaker", feature = "retry-after"))]
     #[test]
@@ -1232,7 +1233,7 @@ mod tests {
         }
         for bad in ["v1/keys", "/v1/{}", "/v1/a{b}", "/v1/{a}b", "/{a{b}}"] {
             let e = PathRedaction::try_templates([bad]).err().unwrap();
-            assert!(e.is_config(), "{bad}");
+            assert!(matches!(e.kind(), ErrorKind::Config), "{bad}");
             assert!(e.to_string().contains(bad), "{e}");
         }
         assert!(PathRedaction::default().is_full());

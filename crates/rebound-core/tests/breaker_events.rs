@@ -4,6 +4,7 @@
 //! its own: it asserts on tracing output.
 #![cfg(feature = "breaker")]
 
+use rebound_core::ErrorKind;
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::Arc;
@@ -56,7 +57,10 @@ async fn state_changes_are_info_events_and_metrics() {
     for _ in 0..5 {
         call().await.unwrap();
     }
-    assert!(call().await.unwrap_err().is_circuit_open());
+    assert!(matches!(
+        call().await.unwrap_err().kind(),
+        ErrorKind::CircuitOpen
+    ));
     tokio::time::advance(Duration::from_secs(5)).await;
     status.store(200, Ordering::Relaxed);
     call().await.unwrap();

@@ -204,7 +204,7 @@ async fn an_announced_length_over_the_cap_is_refused_without_reading() {
         .max_bytes(10)
         .layer(answers(vec![Response::new(body)]));
     let err = send(&mut svc, get()).await.unwrap_err();
-    assert!(err.is_body_too_large());
+    assert!(matches!(err.kind(), ErrorKind::BodyTooLarge));
     assert_eq!(taken.load(Ordering::SeqCst), 0);
 }
 
@@ -305,7 +305,7 @@ async fn inner_service_errors_pass_through() {
     });
     let mut svc = CollectBodyLayer::new().layer(inner);
     let err = send(&mut svc, get()).await.unwrap_err();
-    assert!(err.is_connect());
+    assert!(matches!(err.kind(), ErrorKind::Connect));
     assert_eq!(err.extensions().get::<Sent>(), None, "not a body error");
 }
 
@@ -365,7 +365,7 @@ impl<R> Policy<Request<()>, R, Error> for RetryBodyErrors {
 
     fn retry(&mut self, _: &mut Request<()>, res: &mut Result<R, Error>) -> Option<Ready<()>> {
         match res {
-            Err(e) if e.is_body() && self.0 > 0 => {
+            Err(e) if matches!(e.kind(), ErrorKind::Body) && self.0 > 0 => {
                 self.0 -= 1;
                 Some(ready(()))
             }

@@ -3,6 +3,7 @@
 //! tower's `LoadShed` above them sheds; without it they keep waiting in the
 //! response future.
 
+use rebound_core::ErrorKind;
 use std::convert::Infallible;
 use std::future::poll_fn;
 
@@ -72,7 +73,7 @@ where
             std::task::Poll::Ready(Err(e)) => {
                 assert!(is_overloaded(&e), "{e}");
                 // rebound's classifier recognises it as never sent.
-                assert!(Error::from_boxed(e).is_rejected());
+                assert!(matches!(Error::from_boxed(e).kind(), ErrorKind::Rejected));
                 shed += 1;
             }
             std::task::Poll::Ready(Ok(_)) => panic!("the inner service is held"),

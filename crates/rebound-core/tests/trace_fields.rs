@@ -240,7 +240,7 @@ async fn errors_give_up_at_warn_with_error_type_and_budget() {
         let _guard = capture.set_default();
         svc.oneshot(secret_request()).await.unwrap_err()
     };
-    assert!(err.is_budget_exhausted());
+    assert!((err.retry_stop() == Some(RetryStop::Budget)));
     let w = &capture.events_at_least(Level::WARN)[0];
     assert_eq!(w.field("rebound.stop"), Some("budget"));
     assert_eq!(w.field("error.type"), Some("connect"));

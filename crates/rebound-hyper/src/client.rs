@@ -23,7 +23,7 @@
 //!     .total_timeout(Duration::from_secs(10))
 //!     .build()
 //!     .unwrap_err();
-//! assert!(err.is_config());
+//! assert_eq!(err.kind(), rebound_core::ErrorKind::Config);
 //! assert!(err.to_string().contains("attempt timeout (20s) is longer than the total timeout (10s)"));
 //! # Ok(())
 //! # }
@@ -141,6 +141,17 @@
 //! that got the 429 sleeping its Retry-After (that request is in flight,
 //! by design). The adaptive limit is one per client, not per host, so its
 //! waits are not per-host waits.
+//!
+//! # Requests
+//!
+//! [`Client::get`], [`post`](Client::post), [`put`](Client::put),
+//! [`patch`](Client::patch), [`delete`](Client::delete),
+//! [`head`](Client::head) and [`request`](Client::request) return a
+//! [`RequestBuilder`](crate::RequestBuilder) (headers, JSON body, query,
+//! per-request timeout, attempts and idempotency key; see
+//! [`crate::request`]); awaiting it or its [`send`](crate::RequestBuilder::send)
+//! gives a [`SendFuture`], as [`Client::send`] does for a `Request` you
+//! built yourself.
 //!
 //! # Request bodies and JSON
 //!
@@ -1201,7 +1212,7 @@ impl ClientBuilder {
     ///
     /// # Errors
     ///
-    /// A [configuration error](Error::is_config) saying what cannot work: a
+    /// A [configuration error](ErrorKind::Config) saying what cannot work: a
     /// zero or over-a-day timeout, an attempt timeout longer than the total
     /// timeout, a backoff cap longer than the total timeout, zero attempts,
     /// a zero concurrency limit, no root certificates, a
@@ -1437,6 +1448,10 @@ impl ClientBuilder {
         };
         let hold = gate.clone().closes_gates(false);
         let stack_idempotency = self.idempotency.clone();
+        let key_header = match &self.idempotency {
+            Some(layer) => layer.get_header_name().clone(),
+            None => rebound_core::idempotency::IDEMPOTENCY_KEY,
+        };
         let idempotency = self
             .idempotency
             .clone()
@@ -1517,6 +1532,7 @@ impl ClientBuilder {
                 shutdown,
                 layers,
                 breaker: client_breaker,
+                key_header,
             });
         }
 
@@ -1571,6 +1587,7 @@ impl ClientBuilder {
             shutdown,
             layers,
             breaker: client_breaker,
+            key_header,
         })
     }
 }
@@ -1616,6 +1633,9 @@ pub struct Client {
     layers: Arc<[&'static str]>,
     /// The client's circuit breaker, for [`Client::circuit_state`].
     breaker: Option<CircuitBreakerLayer>,
+    /// The header a caller's idempotency key goes in
+    /// ([`RequestBuilder::idempotency_key`](crate::RequestBuilder::idempotency_key)).
+    pub(crate) key_header: http::HeaderName,
 }
 
 impl fmt::Debug for Client {
@@ -1700,21 +1720,6 @@ impl Client {
     pub(crate) fn arm<B: Into<Body>>(&self, req: Request<B>) -> Request<Body> {
         let cap = self.replay_cap;
         req.map(|body| body.into().replay_cap(cap))
-    }
-
-    /// `GET uri`.
-    pub fn get<U>(&self, uri: U) -> impl Future<Output = Result<Response<ClientBody>, Error>>
-    where
-        U: TryInto<Uri>,
-        U::Error: Into<rebound_core::BoxError>,
-    {
-        let req = parse_uri(uri).map(|uri| {
-            let mut req = Request::new(Body::empty());
-            *req.uri_mut() = uri;
-            req
-        });
-        let inner = self.inner.clone();
-        async move { (inner.call)(req?).await }
     }
 }
 
@@ -1829,7 +1834,7 @@ mod tests {
             .total_timeout(secs(10))
             .build()
             .unwrap_err();
-        assert!(err.is_config());
+        assert!(matches!(err.kind(), ErrorKind::Config));
         assert!(
             err.to_string()
                 .contains("attempt timeout (20s) is longer than the total timeout (10s)"),

@@ -125,7 +125,7 @@ impl fmt::Debug for TlsRoots {
 ///
 /// # Errors
 ///
-/// A [configuration error](Error::is_config) if the roots cannot be loaded
+/// A [configuration error](ErrorKind::Config) if the roots cannot be loaded
 /// (no native roots found, empty custom store).
 pub fn tls_config(roots: &TlsRoots, http2: bool) -> Result<Arc<ClientConfig>, Error> {
     let builder =
@@ -251,7 +251,7 @@ impl<C> Connector<C> {
     ///
     /// # Errors
     ///
-    /// A [configuration error](Error::is_config) if `d` is zero or over a
+    /// A [configuration error](ErrorKind::Config) if `d` is zero or over a
     /// day.
     pub fn try_connect_timeout(mut self, d: Duration) -> Result<Self, Error> {
         self.connect_timeout = validate("connect timeout", d)?;
@@ -275,7 +275,7 @@ impl<C> Connector<C> {
     ///
     /// # Errors
     ///
-    /// A [configuration error](Error::is_config) if `d` is zero or over a
+    /// A [configuration error](ErrorKind::Config) if `d` is zero or over a
     /// day.
     pub fn try_tls_timeout(mut self, d: Duration) -> Result<Self, Error> {
         self.tls_timeout = validate("TLS timeout", d)?;

@@ -300,7 +300,7 @@ mod tests {
             ErrorKind::Connect,
             rebound_core::TimeoutStage::Connect,
         );
-        assert!(e.is_connect());
+        assert!(matches!(e.kind(), ErrorKind::Connect));
         assert_eq!(e.extensions().get::<Sent>(), Some(&Sent::NotSent));
         assert_eq!(e.to_string(), "connect error: connection refused");
 
@@ -333,7 +333,7 @@ mod tests {
                 ErrorKind::Tls,
                 rebound_core::TimeoutStage::Tls,
             );
-            assert!(e.is_tls());
+            assert!(matches!(e.kind(), ErrorKind::Tls));
             assert_eq!(
                 e.extensions().get::<CertificateRejected>(),
                 Some(&CertificateRejected(reason))
@@ -355,7 +355,7 @@ mod tests {
             ErrorKind::Tls,
             rebound_core::TimeoutStage::Tls,
         );
-        assert!(e.is_tls());
+        assert!(matches!(e.kind(), ErrorKind::Tls));
         assert!(e.extensions().get::<CertificateRejected>().is_none());
         let v = HttpClassifier::default().classify_error(&e);
         assert_eq!(v.sent(), Some(Sent::NotSent), "{v}");
@@ -364,7 +364,7 @@ mod tests {
     #[test]
     fn body_errors_are_maybe_processed() {
         let e = from_body(Box::new(io::Error::from(io::ErrorKind::UnexpectedEof)));
-        assert!(e.is_body());
+        assert!(matches!(e.kind(), ErrorKind::Body));
         assert_eq!(e.extensions().get::<Sent>(), Some(&Sent::MaybeProcessed));
         assert_eq!(e.to_string(), "body error: unexpected end of stream");
     }

@@ -66,7 +66,7 @@
 //! Besides the errors of [`Client::send`], every error names the request:
 //!
 //! * The final response is not a success (2xx): [`ErrorKind::Status`]
-//!   (`is_status()`), an [`UnexpectedStatus`]
+//!   (`err.kind()`), an [`UnexpectedStatus`]
 //!   source with the status, and the retry annotations of the response
 //!   ([`Attempts`], [`RetryStop`]) in its extensions. The body is not
 //!   decoded.
@@ -272,7 +272,7 @@ pub enum JsonErrorCategory {
 }
 
 impl JsonError {
-    fn from_serde(e: &serde_json::Error) -> Self {
+    pub(crate) fn from_serde(e: &serde_json::Error) -> Self {
         use serde_json::error::Category;
         let category = match e.classify() {
             Category::Io => JsonErrorCategory::Io,
@@ -363,7 +363,7 @@ mod tests {
     #[test]
     fn decode_errors_keep_only_category_and_position() {
         let e = decode::<Shape>(&Bytes::new()).unwrap_err();
-        assert!(e.is_decode());
+        assert!(matches!(e.kind(), ErrorKind::Decode));
         assert_eq!(e.to_string(), "decode error: response body is empty");
         assert_eq!(
             e.find_source::<JsonError>().unwrap().category(),

@@ -10,8 +10,10 @@
 //! * [`ResponseBody`]: response bodies with idle and minimum-rate timeouts.
 //! * [`Body`]: the request body (empty, in memory — replayable — or
 //!   streamed).
-//! * [`Client`]: the ready-made stack over the transport, with JSON
-//!   helpers ([`json`]) that read the response body inside each attempt.
+//! * [`Client`]: the ready-made stack over the transport, with a request
+//!   builder ([`RequestBuilder`]: headers, JSON body, query, per-request
+//!   timeout, attempts and idempotency key) and JSON helpers ([`json`])
+//!   that read the response body inside each attempt.
 //!
 //! # Errors and the `Sent` answer
 //!
@@ -45,6 +47,7 @@ pub mod client;
 pub mod connect;
 mod error;
 pub mod json;
+pub mod request;
 pub mod response_body;
 pub mod transport;
 
@@ -53,5 +56,6 @@ pub use crate::classifier::ClientClassifier;
 pub use crate::client::{Client, ClientBody, ClientBuilder, ResponseFuture, SendFuture};
 pub use crate::connect::{Connector, TlsRoots};
 pub use crate::json::{JsonError, JsonErrorCategory, UnexpectedStatus};
+pub use crate::request::RequestBuilder;
 pub use crate::response_body::{BodyTimeouts, MinBodyRate, ResponseBody};
 pub use crate::transport::{HyperTransport, TransportBuilder};

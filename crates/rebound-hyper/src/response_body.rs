@@ -222,6 +222,7 @@ mod tests {
     use tokio::time::Instant;
 
     use super::*;
+    use rebound_core::ErrorKind;
 
     type Chunks =
         Pin<Box<dyn futures_util::Stream<Item = Result<Frame<Bytes>, std::io::Error>> + Send>>;
@@ -309,12 +310,21 @@ mod tests {
 
     #[test]
     fn config_is_validated() {
-        assert!(MinBodyRate::try_new(0, ms(1000)).unwrap_err().is_config());
-        assert!(MinBodyRate::try_new(1, ms(10)).unwrap_err().is_config());
-        assert!(BodyTimeouts::new()
-            .try_idle(Duration::ZERO)
-            .unwrap_err()
-            .is_config());
+        assert!(matches!(
+            MinBodyRate::try_new(0, ms(1000)).unwrap_err().kind(),
+            ErrorKind::Config
+        ));
+        assert!(matches!(
+            MinBodyRate::try_new(1, ms(10)).unwrap_err().kind(),
+            ErrorKind::Config
+        ));
+        assert!(matches!(
+            BodyTimeouts::new()
+                .try_idle(Duration::ZERO)
+                .unwrap_err()
+                .kind(),
+            ErrorKind::Config
+        ));
         assert_eq!(
             MinBodyRate::try_new(1, ms(1000)).unwrap().grace_period(),
             ms(1000)
@@ -446,7 +456,7 @@ mod tests {
             let err = read_all(ResponseBody::new(StreamBody::new(s), t))
                 .await
                 .unwrap_err();
-            assert!(err.is_body());
+            assert!(matches!(err.kind(), ErrorKind::Body));
             assert_eq!(err.to_string(), "body error: connection reset");
         }
     }

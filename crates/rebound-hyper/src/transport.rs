@@ -18,7 +18,7 @@
 //!     .body(Body::from("{}"))
 //!     .unwrap();
 //! let err = transport.oneshot(req).await.unwrap_err();
-//! assert!(err.is_connect());
+//! assert_eq!(err.kind(), rebound_core::ErrorKind::Connect);
 //! // Nothing reached a server: safe to retry even a POST.
 //! assert_eq!(err.extensions().get::<Sent>(), Some(&Sent::NotSent));
 //! # Ok(())
@@ -403,7 +403,7 @@ impl TransportBuilder {
     ///
     /// # Errors
     ///
-    /// A [configuration error](Error::is_config) naming the value that
+    /// A [configuration error](ErrorKind::Config) naming the value that
     /// cannot work (a zero or over-a-day timeout, no root certificates).
     pub fn build(self) -> Result<HyperTransport, Error> {
         let connect_timeout = validate("connect timeout", self.connect_timeout)?;
@@ -1039,7 +1039,7 @@ mod tests {
             .http2_keep_alive_timeout(Duration::ZERO)
             .build()
             .unwrap_err();
-        assert!(err.is_config());
+        assert!(matches!(err.kind(), ErrorKind::Config));
         assert!(
             err.to_string().contains("HTTP/2 keep-alive timeout"),
             "{err}"

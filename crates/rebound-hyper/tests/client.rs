@@ -4,6 +4,7 @@
 
 mod support;
 
+use rebound_core::ErrorKind;
 use std::time::Duration;
 
 use http::{Request, StatusCode};
@@ -27,7 +28,7 @@ fn attempt_timeout_longer_than_total_is_refused_at_build() {
         .total_timeout(Duration::from_secs(10))
         .build()
         .unwrap_err();
-    assert!(err.is_config());
+    assert!(matches!(err.kind(), ErrorKind::Config));
     assert!(
         err.to_string()
             .contains("attempt timeout (20s) is longer than the total timeout (10s)"),
@@ -46,7 +47,7 @@ fn zero_or_absurd_timeouts_are_refused_at_build() {
         Client::builder().tls_roots(TlsRoots::Custom(rustls::RootCertStore::empty())),
     ] {
         let err = builder.build().unwrap_err();
-        assert!(err.is_config(), "{err}");
+        assert!(matches!(err.kind(), ErrorKind::Config), "{err}");
     }
     // Building needs a runtime for nothing: the defaults build anywhere.
     assert!(Client::builder().build().is_ok());

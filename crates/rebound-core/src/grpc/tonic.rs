@@ -98,11 +98,11 @@ impl From<crate::grpc::Code> for tonic::Code {
 ///
 /// ```
 /// use rebound_core::grpc::tonic::error_of;
-/// use rebound_core::{Error, TimeoutStage};
+/// use rebound_core::{Error, ErrorKind, TimeoutStage};
 ///
 /// let status = tonic::Status::from(Error::timeout(TimeoutStage::Deadline));
 /// assert_eq!(status.code(), tonic::Code::DeadlineExceeded);
-/// assert!(error_of(&status).unwrap().is_timeout());
+/// assert_eq!(error_of(&status).unwrap().kind(), ErrorKind::Timeout(TimeoutStage::Deadline));
 /// ```
 pub fn error_of(status: &tonic::Status) -> Option<&Error> {
     std::error::Error::source(status)?.downcast_ref::<Error>()

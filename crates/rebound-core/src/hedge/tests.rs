@@ -1,5 +1,6 @@
 //! Hedging on paused time: when copies go, who wins, who is cancelled.
 
+use crate::ErrorKind;
 use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -480,7 +481,7 @@ fn settings_that_cannot_work_are_refused_by_name() {
         (HedgePolicy::fixed(ms(1)).max_attempts(6), "max_attempts"),
     ] {
         let err = HedgeLayer::try_new(policy.clone()).unwrap_err();
-        assert!(err.is_config());
+        assert!(matches!(err.kind(), ErrorKind::Config));
         assert!(err.to_string().contains(name), "{err}");
         let panic = std::panic::catch_unwind(|| HedgeLayer::new(policy)).unwrap_err();
         let msg = panic.downcast_ref::<String>().unwrap();

@@ -430,6 +430,7 @@ impl RetryBudget {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ErrorKind;
 
     fn drain(budget: &RetryBudget) -> u64 {
         let mut n = 0;
@@ -522,7 +523,7 @@ mod tests {
             .unwrap()
             .try_with_floor_burst(0)
             .unwrap_err();
-        assert!(err.is_config());
+        assert!(matches!(err.kind(), ErrorKind::Config));
         assert!(err.to_string().contains("floor_burst"), "{err}");
         // No floor: a zero burst is fine (and means nothing).
         assert!(RetryBudget::try_new(0.2, Duration::from_secs(10), 0)
@@ -716,9 +717,12 @@ mod tests {
 
     #[test]
     fn bad_config_is_an_error() {
-        assert!(RetryBudget::try_new(-0.1, Duration::from_secs(10), 1)
-            .unwrap_err()
-            .is_config());
+        assert!(matches!(
+            RetryBudget::try_new(-0.1, Duration::from_secs(10), 1)
+                .unwrap_err()
+                .kind(),
+            ErrorKind::Config
+        ));
         assert!(RetryBudget::try_new(f64::NAN, Duration::from_secs(10), 1).is_err());
         assert!(RetryBudget::try_new(0.2, Duration::ZERO, 1).is_err());
         assert!(RetryBudget::try_new(0.2, Duration::from_secs(7200), 1).is_err());

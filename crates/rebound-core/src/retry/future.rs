@@ -201,7 +201,9 @@ where
         policy.budget.deposit();
         let (parts, body) = req.into_parts();
         let idempotent = super::is_idempotent(policy, &parts);
-        let max_attempts = policy.max_attempts;
+        // The request's own count (`MaxAttempts`), if it carries one: the
+        // loop below counts against the copy of the policy it keeps.
+        let max_attempts = policy.max_attempts_for(&parts.extensions);
         let (body, template, replayable) = if max_attempts <= 1 {
             (body, None, true)
         } else {
@@ -223,7 +225,11 @@ where
             replayable,
             idempotent,
             deadline,
-            policy: policy.clone(),
+            policy: {
+                let mut policy = policy.clone();
+                policy.max_attempts = max_attempts;
+                policy
+            },
             attempt: 1,
         };
         (Request::from_parts(parts, body), replay)

@@ -63,7 +63,10 @@
 //!    ([`IdempotencyKey::is_blank`]: empty or only whitespace is no key),
 //!    or the verdict says
 //!    [`Sent::NotSent`](crate::Sent);
-//! 3. attempts remain ([`RetryPolicy::max_attempts`], 3 by default);
+//! 3. attempts remain ([`RetryPolicy::max_attempts`], 3 by default; a
+//!    request that carries a [`MaxAttempts`](crate::MaxAttempts) counts
+//!    against its own number instead, clamped into `1..=100`: see
+//!    [`RetryPolicy::max_attempts_for`]);
 //! 4. the next attempt can start before the request's [`Deadline`], if
 //!    any, once the [`ProposedDelay`](crate::ProposedDelay) has passed
 //!    (without a backoff layer below: the Retry-After hint, else no delay);

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use http::Method;
 
 use super::budget::RetryBudget;
+use crate::annotations::MaxAttempts;
 use crate::error::Error;
 
 /// The most attempts [`RetryPolicy::max_attempts`] accepts.
@@ -157,6 +158,17 @@ impl RetryPolicy {
         self.max_attempts
     }
 
+    /// The attempts in all for a request with extensions `ext`: its
+    /// [`MaxAttempts`] when it carries one, clamped into `1..=100`, else
+    /// the policy's count. What the retry loop (the layer's and the
+    /// one-service stack's) counts against.
+    pub fn max_attempts_for(&self, ext: &http::Extensions) -> u32 {
+        match MaxAttempts::of(ext) {
+            Some(n) => n.clamp(1, MAX_ATTEMPTS),
+            None => self.max_attempts,
+        }
+    }
+
     /// The shared budget.
     pub fn get_budget(&self) -> &Arc<RetryBudget> {
         &self.budget
@@ -186,6 +198,7 @@ impl RetryPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ErrorKind;
 
     #[test]
     fn defaults() {
@@ -212,13 +225,35 @@ mod tests {
 
     #[test]
     fn validation() {
-        assert!(RetryPolicy::default()
-            .max_attempts(0)
-            .validate()
-            .unwrap_err()
-            .is_config());
+        assert!(matches!(
+            RetryPolicy::default()
+                .max_attempts(0)
+                .validate()
+                .unwrap_err()
+                .kind(),
+            ErrorKind::Config
+        ));
         assert!(RetryPolicy::default().max_attempts(101).validate().is_err());
         assert!(RetryPolicy::default().max_attempts(1).validate().is_ok());
+    }
+
+    #[test]
+    fn a_request_may_set_its_own_count_within_the_range() {
+        let p = RetryPolicy::default().max_attempts(4);
+        let mut ext = http::Extensions::new();
+        assert_eq!(p.max_attempts_for(&ext), 4);
+        for (asked, got) in [
+            (1, 1),
+            (2, 2),
+            (9, 9),
+            (0, 1),
+            (100, 100),
+            (101, 100),
+            (u32::MAX, 100),
+        ] {
+            ext.insert(MaxAttempts(asked));
+            assert_eq!(p.max_attempts_for(&ext), got, "{asked}");
+        }
     }
 
     #[test]

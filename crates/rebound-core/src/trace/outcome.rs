@@ -135,7 +135,7 @@ impl<'a> Outcome<'a> {
     pub(crate) fn request_level(&self) -> Level {
         let retried = self.attempts() > 1;
         if let Some(err) = self.error {
-            return if err.is_cancelled() {
+            return if matches!(err.kind(), ErrorKind::Cancelled) {
                 Level::DEBUG
             } else {
                 Level::WARN
