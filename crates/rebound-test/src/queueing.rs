@@ -47,9 +47,10 @@
 //! finds the queue that long is answered **503** at once instead. A worker
 //! holds the request for the [latency](QueueingServerBuilder::latency)
 //! (`tokio::time::sleep`, so a paused clock runs it instantly), then it is
-//! answered **200** `ok`. The request body is read through first. A
-//! client that goes away while its request waits or is served takes it
-//! out of the queue or frees the worker.
+//! answered **200** `ok`. The request body is read through first. When
+//! hyper drops a request whose client went away (an HTTP/2 stream reset
+//! at once; a closed HTTP/1.1 connection when hyper notices it), its place
+//! in the queue or its worker is freed and it is not counted completed.
 //!
 //! The latency can be changed while the server runs
 //! ([`QueueingServer::set_latency`]), for a slow phase and a recovery.
