@@ -6,6 +6,17 @@
 //!   [`FaultServer`](fault::FaultServer), driven by a script per connection
 //!   or per path: it answers, stalls, trickles, resets, truncates, hangs the
 //!   TLS handshake, and records every request it received.
+//! * [`quota`]: a real HTTP server on `127.0.0.1:0`, the
+//!   [`QuotaServer`](quota::QuotaServer), that enforces N requests and / or
+//!   T tokens per fixed window (and optionally a daily quota), answers 429
+//!   past it, and reports the quota in one provider's rate-limit headers
+//!   (IETF draft, legacy, `X-RateLimit-*`, GitHub, OpenAI, Anthropic,
+//!   Azure), counting what it admitted per window.
+//! * [`queueing`]: a real HTTP server, the
+//!   [`QueueingServer`](queueing::QueueingServer), with a fixed number of
+//!   workers and a queue, so that its latency grows with the requests it
+//!   holds (it never answers 429); optionally it sheds past a queue bound,
+//!   or refuses a set fraction of requests (503 or 429), deterministically.
 //! * [`capture`]: a tracing subscriber that keeps every span, every field
 //!   and every event message at TRACE, so tests can assert what was logged
 //!   (and that a secret never was).
@@ -21,3 +32,6 @@ pub mod fault;
 #[cfg(feature = "tonic")]
 pub mod grpc;
 pub mod mock;
+pub mod queueing;
+pub mod quota;
+mod serve;

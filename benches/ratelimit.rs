@@ -1,0 +1,192 @@
+//! Clients against a requests quota (issue 21's first target): 64
+//! concurrent callers for 10 fixed windows of a
+//! [`QuotaServer`](rebound_test::quota::QuotaServer) (100 requests per
+//! 1 s window, IETF draft headers, `Retry-After` on its 429s), one client
+//! configuration after the other, each against a fresh server.
+//!
+//! ```text
+//! cargo bench --bench ratelimit            # 10 windows per row (~10 s each)
+//! cargo bench --bench ratelimit -- --quick # 2 windows per row
+//! ```
+//!
+//! Columns, per client row: what the server received and how many of
+//! those it refused (429); what the callers got back (200, 429, errors);
+//! goodput (admitted requests per second of the run) and the share of the
+//! quota offered in the run's windows that was used. Callers start
+//! requests until the run's time is up; a request started before the end
+//! and held by a gate finishes after it, and counts (the run's length is
+//! measured to the last answer).
+//!
+//! Real time on a loopback socket: the figures vary with the machine's
+//! load; the server's own counts (admitted ≤ quota per window) do not.
+//! Not run in CI.
+
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http_body_util::BodyExt;
+use rebound::{Client, ClientBuilder, GateMode};
+use rebound_test::quota::{HeaderFamily, QuotaServer};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+const CALLERS: usize = 64;
+const QUOTA: u64 = 100;
+const WINDOW: Duration = Duration::from_secs(1);
+
+/// The clients measured, one row each.
+///
+/// **The lead engineer adds the paced client here**: a row such as
+/// `("paced", Client::builder().<pacing option>())` — everything else in
+/// this file stays as it is.
+fn clients() -> Vec<(&'static str, ClientBuilder)> {
+    vec![
+        ("reactive (default gate)", Client::builder()),
+        (
+            "no gate",
+            Client::builder().retry_after_gate(None::<GateMode>),
+        ),
+    ]
+}
+
+#[derive(Debug, Default)]
+struct Row {
+    name: &'static str,
+    received: u64,
+    rejected: u64,
+    ok: u64,
+    got_429: u64,
+    errors: u64,
+    elapsed: Duration,
+    windows: u64,
+    accepted: u64,
+    max_in_window: u64,
+}
+
+async fn run(name: &'static str, builder: ClientBuilder, windows: u32) -> Result<Row, String> {
+    let server = QuotaServer::builder()
+        .headers(HeaderFamily::Ietf)
+        .requests(QUOTA)
+        .window(WINDOW)
+        .try_start()
+        .await
+        .map_err(|e| format!("server: {e}"))?;
+    let client = builder.build().map_err(|e| format!("{name}: {e}"))?;
+    let url = server.url("/v1/chat/completions");
+    let run_for = WINDOW * windows;
+    let counts = Arc::new([AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)]);
+    let start = Instant::now();
+    let mut callers = JoinSet::new();
+    for _ in 0..CALLERS {
+        let (client, url, counts) = (client.clone(), url.clone(), counts.clone());
+        callers.spawn(async move {
+            // Bounded by time, and by count should a client fail at once.
+            for _ in 0..100_000 {
+                if start.elapsed() >= run_for {
+                    break;
+                }
+                let slot = match client.get(url.as_str()).await {
+                    Ok(res) => {
+                        let slot = match res.status().as_u16() {
+                            200 => 0,
+                            429 => 1,
+                            _ => 2,
+                        };
+                        let _ = res.into_body().collect().await;
+                        slot
+                    }
+                    Err(_) => 2,
+                };
+                counts[slot].fetch_add(1, Ordering::Relaxed);
+            }
+        });
+    }
+    while let Some(done) = callers.join_next().await {
+        done.map_err(|e| format!("{name}: a caller failed: {e}"))?;
+    }
+    let elapsed = start.elapsed();
+    let snap = server.snapshot();
+    let [ok, got_429, errors] = [0, 1, 2].map(|i| counts[i].load(Ordering::Relaxed));
+    Ok(Row {
+        name,
+        received: snap.received,
+        rejected: snap.rejected,
+        ok,
+        got_429,
+        errors,
+        elapsed,
+        windows: elapsed.as_nanos().div_ceil(WINDOW.as_nanos()) as u64,
+        accepted: snap.accepted,
+        max_in_window: snap.windows.iter().map(|w| w.accepted).max().unwrap_or(0),
+    })
+}
+
+fn print(rows: &[Row]) {
+    println!(
+        "{:<26} {:>9} {:>8} {:>7} {:>8} {:>7} {:>7} {:>9} {:>10} {:>11}",
+        "client",
+        "received",
+        "429 srv",
+        "429 %",
+        "200",
+        "429",
+        "errors",
+        "run s",
+        "goodput/s",
+        "quota used"
+    );
+    for r in rows {
+        let quota = (QUOTA * r.windows) as f64;
+        println!(
+            "{:<26} {:>9} {:>8} {:>6.1}% {:>8} {:>7} {:>7} {:>9.2} {:>10.1} {:>10.1}%",
+            r.name,
+            r.received,
+            r.rejected,
+            100.0 * r.rejected as f64 / r.received.max(1) as f64,
+            r.ok,
+            r.got_429,
+            r.errors,
+            r.elapsed.as_secs_f64(),
+            r.accepted as f64 / r.elapsed.as_secs_f64(),
+            100.0 * r.accepted as f64 / quota,
+        );
+        assert!(
+            r.max_in_window <= QUOTA,
+            "the server admitted {} in one window",
+            r.max_in_window
+        );
+    }
+}
+
+fn main() -> ExitCode {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let windows = if quick { 2 } else { 10 };
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    println!(
+        "{CALLERS} callers, {QUOTA} requests per {WINDOW:?} window, {windows} windows per row \
+         (Retry-After on 429s, IETF draft headers)\n"
+    );
+    let mut rows = Vec::new();
+    for (name, builder) in clients() {
+        match rt.block_on(run(name, builder, windows)) {
+            Ok(row) => rows.push(row),
+            Err(e) => {
+                eprintln!("{e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    print(&rows);
+    ExitCode::SUCCESS
+}
