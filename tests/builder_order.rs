@@ -61,3 +61,47 @@ async fn an_explicit_grpc_timeout_setting_wins_in_either_order() {
     assert_eq!(off_after, (false, false));
     assert_eq!(off_before, (false, false));
 }
+
+/// `path_redaction` wins over the trace configuration's path redaction,
+/// whichever is set first (its docs once said "whichever is set first").
+#[tokio::test]
+async fn path_redaction_wins_over_the_trace_configuration_in_either_order() {
+    use rebound::redact::PathRedaction;
+    use rebound::trace::TraceLayer;
+
+    // A refused port: the error names the request's URL.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("http://127.0.0.1:{port}/v1/keys/sk-live-123");
+    let trace_full = || {
+        TraceLayer::builder()
+            .path_redaction(PathRedaction::full())
+            .build()
+            .unwrap()
+    };
+    let builders = [
+        Client::builder()
+            .trace(trace_full())
+            .path_redaction(PathRedaction::hidden()),
+        Client::builder()
+            .path_redaction(PathRedaction::hidden())
+            .trace(trace_full()),
+    ];
+    for builder in builders {
+        let client = builder.build().unwrap();
+        let err = client
+            .send(
+                http::Request::get(url.as_str())
+                    .body(Body::empty())
+                    .unwrap(),
+            )
+            .await
+            .unwrap_err();
+        let shown = format!("{err} {err:?}");
+        assert!(shown.contains("127.0.0.1"), "{shown}");
+        assert!(!shown.contains("sk-live-123"), "{shown}");
+    }
+}

@@ -175,8 +175,8 @@
 //! # }
 //! ```
 //!
-//! Only the [`Deadline`], [`IdempotencyKey`] and [`PermitLease`]
-//! annotations are carried to an alternate route (not the request's whole
+//! Only the [`Deadline`], [`IdempotencyKey`], [`PermitLease`] and
+//! [`MaxAttempts`] (a request's own attempt count) annotations are carried to an alternate route (not the request's whole
 //! extension map), and the previous route's outcome is dropped before the
 //! next route is called (so what it holds — its connection, a permit in its
 //! body — is not held across that call).
@@ -212,7 +212,9 @@ use tower::ServiceExt;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::annotations::{Closing, Deadline, IdempotencyKey, PermitLease, RetryStop, Verdict};
+use crate::annotations::{
+    Closing, Deadline, IdempotencyKey, MaxAttempts, PermitLease, RetryStop, Verdict,
+};
 use crate::body::RetryBody;
 use crate::error::{BoxError, Error, ErrorKind, TimeoutStage};
 use crate::redact::{self, HeaderDenyList};
@@ -615,6 +617,7 @@ struct Head {
     deadline: Option<tokio::time::Instant>,
     key: Option<IdempotencyKey>,
     lease: Option<PermitLease>,
+    attempts: Option<MaxAttempts>,
 }
 
 impl<S, B, ResB> Service<Request<B>> for Fallback<S>
@@ -684,6 +687,7 @@ impl<B: RetryBody> Routes<B> {
                 deadline,
                 key: req.extensions().get::<IdempotencyKey>().cloned(),
                 lease: req.extensions().get::<PermitLease>().cloned(),
+                attempts: req.extensions().get::<MaxAttempts>().copied(),
             },
             body,
             layer: layer.clone(),
@@ -749,6 +753,9 @@ impl<B: RetryBody> Routes<B> {
         }
         if let Some(lease) = &head.lease {
             req.extensions_mut().insert(lease.clone());
+        }
+        if let Some(attempts) = head.attempts {
+            req.extensions_mut().insert(attempts);
         }
         let (mut parts, b) = req.into_parts();
         if let Err(e) = route.apply(&mut parts, &cfg.strip) {

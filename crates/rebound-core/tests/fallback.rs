@@ -562,3 +562,22 @@ async fn the_opt_outs_are_explicit() {
         assert!(!route.contains_key(&name), "{name}");
     }
 }
+
+/// A request's own attempt count (`MaxAttempts`) holds on every route,
+/// not only the primary's (issue 20).
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_requests_own_attempt_count_holds_on_the_alternate_route_too() {
+    let (seen, inner) = server(503);
+    let mut svc = stack!(
+        FallbackLayer::new([Route::base_url("https://primary.example/again")]),
+        inner
+    );
+    let mut r = req();
+    r.extensions_mut().insert(rebound_core::MaxAttempts(2));
+    let res = svc.ready().await.unwrap().call(r).await.unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let seen = seen.lock().unwrap();
+    // 2 on the primary, 2 on the route (the policy's 3 would make 6).
+    assert_eq!(seen.len(), 4, "{seen:?}");
+    assert!(seen[2..].iter().all(|s| s.uri.contains("/again/")));
+}

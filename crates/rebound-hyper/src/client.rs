@@ -1197,10 +1197,11 @@ impl ClientBuilder {
 
     /// How URL paths are shown in spans, events and the `Display` of every
     /// error the client returns: as they are, hidden, by template
-    /// (`/v1/keys/{key}`) or by a closure (see [`PathRedaction`]). Replaces
-    /// the one of the [`trace`](Self::trace) configuration, whichever is set
-    /// first; it is the same setting as
-    /// [`TraceBuilder::path_redaction`](rebound_core::trace::TraceBuilder::path_redaction).
+    /// (`/v1/keys/{key}`) or by a closure (see [`PathRedaction`]). It is
+    /// the same setting as
+    /// [`TraceBuilder::path_redaction`](rebound_core::trace::TraceBuilder::path_redaction),
+    /// and when set it always wins over the [`trace`](Self::trace)
+    /// configuration's, whichever of the two setters is called first.
     /// Default: the trace configuration's ([`PathRedaction::full`] unless
     /// set there).
     pub fn path_redaction(mut self, redaction: PathRedaction) -> Self {
