@@ -81,3 +81,52 @@ async fn a_tonic_client_without_an_origin_gets_internal_with_a_hint() {
     .await
     .unwrap();
 }
+
+/// Issue 20: tonic's `set_timeout` under `rebound::Client` is the call's
+/// deadline: the client's own total (30 s here) and attempt timeout (20 s)
+/// do not keep a call its caller gave 300 ms.
+#[tokio::test]
+async fn tonics_own_timeout_is_the_calls_deadline() {
+    use rebound::grpc::tonic::IntoStatusLayer;
+    use tower::Layer;
+
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let server =
+            GrpcServer::start(|_, _| Reply::after(Duration::from_secs(25), Reply::ok("late")))
+                .await
+                .unwrap();
+        let client = Client::builder()
+            .http2_prior_knowledge(true)
+            .classifier(GrpcClassifier::default())
+            .grpc_retryable_methods(RetryableMethods::none().service("test.Echo"))
+            .total_timeout(Duration::from_secs(30))
+            .attempt_timeout(Duration::from_secs(20))
+            .build()
+            .unwrap();
+        let mut stub = TestClient::with_origin(
+            IntoStatusLayer::new().layer(client),
+            server.uri().parse().unwrap(),
+        );
+        let mut req = tonic::Request::new(Bytes::from_static(b"ping"));
+        req.set_timeout(Duration::from_millis(300));
+        let start = std::time::Instant::now();
+        let status = stub
+            .unary_request("/test.Echo/Ping", req)
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status:?}");
+        // Well under the attempt timeout, however slow the machine.
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            start.elapsed()
+        );
+        let calls = server.calls_to("/test.Echo/Ping");
+        assert_eq!(calls.len(), 1);
+        let sent = calls[0].grpc_timeout().expect("a grpc-timeout travels");
+        let left = rebound::grpc::parse_grpc_timeout(&sent.parse().unwrap()).unwrap();
+        assert!(left <= Duration::from_millis(300), "{left:?}");
+    })
+    .await
+    .unwrap();
+}

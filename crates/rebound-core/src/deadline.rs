@@ -43,7 +43,11 @@
 //! If the request already has an **earlier** deadline (a [`Deadline`] in its
 //! extensions, or the task's current one — for example an inbound request's,
 //! propagated by the server), the earlier one wins; a later one is
-//! overridden by this layer's.
+//! overridden by this layer's. With the `grpc` feature, an HTTP/2
+//! request's own `grpc-timeout` header (what tonic's `set_timeout` writes)
+//! is such an earlier deadline too
+//! ([`own_grpc_deadline`](crate::grpc::own_grpc_deadline)), so a tonic
+//! call's retries end when its caller said.
 //!
 //! The stamp is an `http::Extensions` insert: the request's first one
 //! allocates its map (a few small allocations), which a request that
@@ -186,10 +190,16 @@ where
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let now = Instant::now();
         let ours = now + self.total;
-        let deadline = match Deadline::of(req.extensions()) {
+        #[allow(unused_mut)]
+        let mut deadline = match Deadline::of(req.extensions()) {
             Some(earlier) if earlier <= ours => earlier,
             _ => ours,
         };
+        // A gRPC call's own `grpc-timeout` (tonic's `set_timeout`).
+        #[cfg(feature = "grpc")]
+        if let Some(theirs) = crate::grpc::own_grpc_deadline(&req, now) {
+            deadline = deadline.min(theirs);
+        }
         let request = RequestName::of(&req);
         if deadline <= now {
             return ResponseFuture {

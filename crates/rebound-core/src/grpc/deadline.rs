@@ -55,6 +55,24 @@ pub fn encode_grpc_timeout(d: Duration) -> HeaderValue {
     HeaderValue::try_from(format!("{value}{unit}")).expect("digits and a letter")
 }
 
+/// The deadline a gRPC call's own `grpc-timeout` header sets, counted from
+/// `now`: what tonic's `Request::set_timeout` (or a generated client's
+/// timeout) puts on the request. `None` for a request that is not HTTP/2
+/// (gRPC runs only on HTTP/2, so a plain HTTP request pays one comparison)
+/// or that carries no valid `grpc-timeout`. The stack and the
+/// [`DeadlineLayer`](crate::DeadlineLayer) take the earlier of it and
+/// their own total, so a call's retries end when its caller said.
+pub fn own_grpc_deadline<B>(
+    req: &http::Request<B>,
+    now: tokio::time::Instant,
+) -> Option<tokio::time::Instant> {
+    if req.version() != http::Version::HTTP_2 {
+        return None;
+    }
+    let left = parse_grpc_timeout(req.headers().get(GRPC_TIMEOUT)?)?;
+    now.checked_add(left)
+}
+
 /// A `grpc-timeout` value as a duration: 1 to 8 ASCII digits and a unit
 /// (`H`, `M`, `S`, `m`, `u`, `n`). Anything else (`abc`, a missing unit,
 /// more than 8 digits, a sign, spaces) is `None`, never a panic.

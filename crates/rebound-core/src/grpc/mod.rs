@@ -121,7 +121,7 @@ pub use self::classify::{
 };
 pub use self::code::{Code, GRPC_STATUS};
 pub use self::deadline::{
-    encode_grpc_timeout, future as inbound_future, parse_grpc_timeout, InboundDeadline,
-    InboundDeadlineLayer, PropagateDeadline, PropagateDeadlineLayer, GRPC_TIMEOUT,
+    encode_grpc_timeout, future as inbound_future, own_grpc_deadline, parse_grpc_timeout,
+    InboundDeadline, InboundDeadlineLayer, PropagateDeadline, PropagateDeadlineLayer, GRPC_TIMEOUT,
 };
 pub use self::methods::{MarkRetryable, MarkRetryableLayer, RetryableMethods};

@@ -396,11 +396,15 @@ where
             }
             r.cancel = Some(Box::pin(token.clone().cancelled_owned()));
         }
-        // Deadline: the earlier of ours and one the request carries.
-        let deadline = match Deadline::of(req.extensions()) {
+        // Deadline: the earlier of ours, one the request carries, and a
+        // gRPC call's own `grpc-timeout` (tonic's `set_timeout`).
+        let mut deadline = match Deadline::of(req.extensions()) {
             Some(earlier) if earlier <= ours => earlier,
             _ => ours,
         };
+        if let Some(theirs) = crate::grpc::own_grpc_deadline(&req, now) {
+            deadline = deadline.min(theirs);
+        }
         r.deadline = deadline;
         if deadline <= now {
             let err = RequestName::of(&req).name(Error::timeout(TimeoutStage::Deadline));
