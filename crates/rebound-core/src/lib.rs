@@ -121,6 +121,9 @@ pub mod host;
 #[cfg(feature = "limit")]
 #[cfg_attr(docsrs, doc(cfg(feature = "limit")))]
 pub mod limit;
+#[cfg(feature = "ratelimit")]
+#[cfg_attr(docsrs, doc(cfg(feature = "ratelimit")))]
+pub mod ratelimit;
 #[cfg(feature = "shutdown")]
 #[cfg_attr(docsrs, doc(cfg(feature = "shutdown")))]
 pub mod shutdown;
