@@ -186,6 +186,8 @@ pub use crate::hedge::{HedgeLayer, HedgePolicy};
 pub use crate::idempotency::IdempotencyKeyLayer;
 #[cfg(feature = "limit")]
 pub use crate::limit::{AdaptiveLimitLayer, Aimd, ConcurrencyLimitLayer};
+#[cfg(feature = "ratelimit")]
+pub use crate::ratelimit::RateLimitLayer;
 #[cfg(feature = "reconcile")]
 pub use crate::reconcile::ReconcileLayer;
 #[cfg(feature = "retry")]

@@ -11,7 +11,7 @@
 //! | `Cancelled` | `Cancelled` |
 //! | `Closed` | `Unavailable` |
 //! | `Connect`, `Tls`, `Timeout(Connect)` / `Timeout(Tls)`, `Transport`, `Body`, or marked [`Sent::NotSent`](crate::Sent) | `Unavailable` |
-//! | `Rejected` (a limit), `Throttled` (a Retry-After gate), `BodyTooLarge` | `ResourceExhausted` |
+//! | `Rejected` (a limit), `Throttled` (a Retry-After gate), `QuotaExhausted` (the pacer), `BodyTooLarge` | `ResourceExhausted` |
 //! | anything else | `Internal` |
 //!
 //! The rebound [`Error`] stays reachable: it is the status's `source()`
@@ -58,9 +58,10 @@ pub fn code_of(err: &Error) -> tonic::Code {
         ErrorKind::Connect | ErrorKind::Tls | ErrorKind::Transport | ErrorKind::Body => {
             C::Unavailable
         }
-        ErrorKind::Rejected | ErrorKind::Throttled | ErrorKind::BodyTooLarge => {
-            C::ResourceExhausted
-        }
+        ErrorKind::Rejected
+        | ErrorKind::Throttled
+        | ErrorKind::QuotaExhausted
+        | ErrorKind::BodyTooLarge => C::ResourceExhausted,
         _ if err.extensions().get::<Sent>() == Some(&Sent::NotSent) => C::Unavailable,
         _ => C::Internal,
     }
