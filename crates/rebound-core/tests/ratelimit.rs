@@ -360,3 +360,42 @@ async fn composes_with_tower_timeout() {
     assert_eq!(calls.load(Ordering::Relaxed), 1);
     assert_eq!(pacer.hosts(), 1);
 }
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_wait_and_the_quota_are_on_the_request_span_as_numbers() {
+    use rebound_core::trace::TraceLayer;
+    use rebound_test::capture::Capture;
+
+    let svc = ServiceBuilder::new()
+        .layer(TraceLayer::new())
+        .layer(RateLimitLayer::with_config(
+            PacerConfig::new().release_jitter(Duration::ZERO),
+        ))
+        .service(service_fn(|_req: Request<()>| async {
+            let res = Response::builder()
+                .header("x-ratelimit-limit-requests", "60")
+                .header("x-ratelimit-remaining-requests", "0")
+                .header("x-ratelimit-reset-requests", "1.5s")
+                .body(())
+                .unwrap();
+            Ok::<_, Infallible>(res)
+        }));
+    let capture = Capture::new();
+    {
+        let _guard = capture.set_default();
+        for _ in 0..2 {
+            svc.clone()
+                .oneshot(Request::get(URL).body(()).unwrap())
+                .await
+                .unwrap();
+        }
+    }
+    let spans = capture.spans_named("http.client.request");
+    assert_eq!(spans.len(), 2, "{}", capture.text());
+    assert_eq!(spans[0].field("rebound.ratelimit.wait_ms"), None);
+    for span in &spans {
+        assert_eq!(span.field("rebound.ratelimit.remaining"), Some("0"));
+        assert_eq!(span.field("rebound.ratelimit.reset_ms"), Some("1500"));
+    }
+    assert_eq!(spans[1].field("rebound.ratelimit.wait_ms"), Some("1500"));
+}
