@@ -111,13 +111,25 @@
 //! While no host is tracked — no server has said its quota is within the
 //! spread zone plus what is in flight — a request reads one atomic and
 //! adds its cost to the in-flight counts (one atomic add, one subtract);
-//! no hash, no lock, no clock beyond the one the layer reads. Its
-//! response's header names are walked once; a response that carries
-//! rate-limit headers saying "plenty" has its numbers parsed and compared,
-//! and nothing stored. The response future keeps the request's scheme and
-//! authority (a reference count) to key its host only if the response
-//! says the quota runs low. A host is forgotten again once every quota it
-//! said is plenty.
+//! no hash, no lock, no clock. Its response's headers are walked once
+//! (names that cannot be rate-limit headers are told apart by their first
+//! bytes, without a look-up); a response that carries rate-limit headers
+//! saying "plenty" has its numbers parsed and compared, and nothing
+//! stored. The response future keeps the request's scheme and authority
+//! (a reference count) to key its host only if the response says the
+//! quota runs low. A host is forgotten again once every quota it said is
+//! plenty.
+//!
+//! Measured (callgrind, release build, over `service_fn`, per request,
+//! against the same service without the layer): a response without
+//! rate-limit headers costs about 1,000 instructions more, of which the
+//! engine's part (the ticket, the in-flight count, the header walk, the
+//! record) is about 270 and the rest is being a separate layer (its
+//! future, the moves of the response through it, the kept authority); a
+//! response with OpenAI's six headers saying "plenty" costs about 4,000
+//! more, most of it parsing the six values. The one-service stack pays
+//! the engine's part only; parsing the numbers lazily (only the remaining
+//! counts while no host is tracked) is the next step toward 300.
 //!
 //! # Tracing
 //!
@@ -238,11 +250,14 @@ pub struct QuotaSignal {
 impl QuotaSignal {
     /// The signal of a response with `status` and `reading`, if any.
     pub fn of(status: StatusCode, reading: &Reading) -> Option<QuotaSignal> {
+        let too_many = status == StatusCode::TOO_MANY_REQUESTS;
+        if !too_many && reading.is_empty() {
+            return None;
+        }
         let zero = reading
             .quotas()
             .find(|(_, q)| q.remaining == Some(0))
             .map(|(d, q)| (d, q.reset));
-        let too_many = status == StatusCode::TOO_MANY_REQUESTS;
         if !too_many && zero.is_none() {
             return None;
         }
@@ -588,16 +603,15 @@ pub mod future {
                 return Poll::Ready(Ok(res));
             };
             let status = res.status();
-            let reading = if parse::is_cached(status, res.headers()) {
-                Reading::default()
-            } else {
-                let clock = this.clock.as_deref();
-                parse::read_with(res.headers(), status, || match clock {
-                    Some(clock) => clock(),
-                    #[allow(clippy::disallowed_methods)] // the wall clock, for dates
-                    None => SystemTime::now(),
-                })
-            };
+            let clock = this.clock.as_deref();
+            let mut reading = parse::read_with(res.headers(), status, || match clock {
+                Some(clock) => clock(),
+                #[allow(clippy::disallowed_methods)] // the wall clock, for dates
+                None => SystemTime::now(),
+            });
+            if !reading.is_empty() && parse::is_cached(status, res.headers()) {
+                reading = Reading::default();
+            }
             if let Some((_, q)) = reading.tightest() {
                 let span = tracing::Span::current();
                 if let Some(r) = q.remaining {

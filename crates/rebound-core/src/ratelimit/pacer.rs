@@ -598,6 +598,10 @@ impl Pacer {
                 self.inflight[d].fetch_sub(*c, Ordering::Relaxed);
             }
         }
+        if reading.is_empty() && ticket.reg.is_none() {
+            // Nothing said, nothing reserved: the happy path ends here.
+            return signal;
+        }
         let tight = reading.retry_after.is_some()
             || reading.quotas().any(|(dimension, q)| {
                 q.remaining.is_some_and(|r| {

@@ -194,6 +194,8 @@ fn min_some(a: Option<u64>, b: Option<u64>) -> Option<u64> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Reading {
     quotas: [Option<Quota>; 4],
+    /// Whether any quota is set (so that `is_empty` is one test).
+    said: bool,
     /// A pause the server asked for: `retry-after-ms` / `x-ms-retry-after-ms`
     /// (milliseconds; these win), else `Retry-After` on a 429 or 503. Wins
     /// over the rate-limit headers' resets when pacing.
@@ -220,9 +222,7 @@ impl Reading {
 
     /// Whether the response said nothing about quotas or retrying.
     pub fn is_empty(&self) -> bool {
-        self.quotas.iter().all(Option::is_none)
-            && self.retry_after.is_none()
-            && self.should_retry.is_none()
+        !self.said && self.retry_after.is_none() && self.should_retry.is_none()
     }
 
     /// Merge `quota` for `dimension` into the reading (the rules of the
@@ -231,6 +231,7 @@ impl Reading {
         if quota.is_empty() {
             return;
         }
+        self.said = true;
         match &mut self.quotas[dimension.index()] {
             Some(mine) => mine.merge(quota),
             slot => *slot = Some(quota),
@@ -240,6 +241,9 @@ impl Reading {
     /// The smallest remaining count over every dimension, and its
     /// dimension: what the tracing fields show.
     pub fn tightest(&self) -> Option<(Dimension, Quota)> {
+        if !self.said {
+            return None;
+        }
         self.quotas()
             .filter(|(_, q)| q.remaining.is_some())
             .min_by_key(|(_, q)| q.remaining)
@@ -249,65 +253,121 @@ impl Reading {
 
 // ===== the one entry point =====
 
-/// Which header families a response carries (one walk over the names).
-#[derive(Default, Clone, Copy)]
-struct Seen {
-    ietf: bool,
-    legacy: bool,
-    x: bool,
-    openai: bool,
-    anthropic: bool,
-    retry_after: bool,
-    should_retry: bool,
+/// The header names read, by slot.
+const NAMES: [&str; 30] = [
+    "ratelimit-limit",
+    "ratelimit-remaining",
+    "ratelimit-reset",
+    "x-ratelimit-limit",
+    "x-ratelimit-remaining",
+    "x-ratelimit-reset",
+    "x-ratelimit-limit-requests",
+    "x-ratelimit-remaining-requests",
+    "x-ratelimit-reset-requests",
+    "x-ratelimit-limit-tokens",
+    "x-ratelimit-remaining-tokens",
+    "x-ratelimit-reset-tokens",
+    "anthropic-ratelimit-requests-limit",
+    "anthropic-ratelimit-requests-remaining",
+    "anthropic-ratelimit-requests-reset",
+    "anthropic-ratelimit-tokens-limit",
+    "anthropic-ratelimit-tokens-remaining",
+    "anthropic-ratelimit-tokens-reset",
+    "anthropic-ratelimit-input-tokens-limit",
+    "anthropic-ratelimit-input-tokens-remaining",
+    "anthropic-ratelimit-input-tokens-reset",
+    "anthropic-ratelimit-output-tokens-limit",
+    "anthropic-ratelimit-output-tokens-remaining",
+    "anthropic-ratelimit-output-tokens-reset",
+    "retry-after",
+    "retry-after-ms",
+    "x-ms-retry-after-ms",
+    "x-should-retry",
+    "ratelimit",
+    "ratelimit-policy",
+];
+
+const LEGACY: usize = 0;
+const X: usize = 3;
+const OPENAI: usize = 6;
+const ANTHROPIC: usize = 12;
+const RETRY_AFTER: usize = 24;
+const RETRY_AFTER_MS: usize = 25;
+const X_MS_RETRY_AFTER_MS: usize = 26;
+const SHOULD_RETRY: usize = 27;
+const IETF: usize = 28;
+const IETF_POLICY: usize = 29;
+
+/// The response's rate-limit headers, found in one walk over its headers
+/// (no look-up by name, which would parse and hash each name): per slot
+/// of [`NAMES`], its value, and bits for present and repeated.
+struct Fields<'a> {
+    headers: &'a HeaderMap,
+    values: [Option<&'a HeaderValue>; NAMES.len()],
+    present: u32,
+    many: u32,
 }
 
-impl Seen {
-    fn any(&self) -> bool {
-        self.ietf
-            || self.legacy
-            || self.x
-            || self.openai
-            || self.anthropic
-            || self.retry_after
-            || self.should_retry
+/// The slot of a header name, if it is one we read. Names that cannot be
+/// are told apart by their first bytes, before any comparison with the
+/// table.
+#[inline]
+fn slot_of(n: &str) -> Option<usize> {
+    let b = n.as_bytes();
+    if b.len() < 9 {
+        return None;
+    }
+    let ours = match b[0] {
+        b'r' => b.starts_with(b"ratelimit") || b.starts_with(b"retry-after"),
+        b'x' => {
+            b.starts_with(b"x-ratelimit-") || n == "x-ms-retry-after-ms" || n == "x-should-retry"
+        }
+        b'a' => b.starts_with(b"anthropic-ratelimit-"),
+        _ => false,
+    };
+    if !ours {
+        return None;
+    }
+    NAMES.iter().position(|k| *k == n)
+}
+
+impl<'a> Fields<'a> {
+    #[inline]
+    fn of(headers: &'a HeaderMap) -> Fields<'a> {
+        let mut f = Fields {
+            headers,
+            values: [None; NAMES.len()],
+            present: 0,
+            many: 0,
+        };
+        for (name, value) in headers {
+            let Some(i) = slot_of(name.as_str()) else {
+                continue;
+            };
+            let bit = 1u32 << i;
+            if f.present & bit != 0 {
+                f.many |= bit;
+            }
+            f.present |= bit;
+            f.values[i] = Some(value);
+        }
+        f
     }
 
-    #[inline]
-    fn of(headers: &HeaderMap) -> Seen {
-        let mut seen = Seen::default();
-        for name in headers.keys() {
-            let n = name.as_str();
-            let b = n.as_bytes();
-            match b.first() {
-                Some(b'r') => {
-                    if n == "ratelimit" || n == "ratelimit-policy" {
-                        seen.ietf = true;
-                    } else if n.starts_with("ratelimit-") {
-                        seen.legacy = true;
-                    } else if n.starts_with("retry-after") {
-                        seen.retry_after = true;
-                    }
-                }
-                Some(b'x') => {
-                    if let Some(rest) = n.strip_prefix("x-ratelimit-") {
-                        if rest.ends_with("-requests") || rest.ends_with("-tokens") {
-                            seen.openai = true;
-                        } else {
-                            seen.x = true;
-                        }
-                    } else if n == "x-ms-retry-after-ms" {
-                        seen.retry_after = true;
-                    } else if n == "x-should-retry" {
-                        seen.should_retry = true;
-                    }
-                }
-                Some(b'a') if n.starts_with("anthropic-ratelimit-") => {
-                    seen.anthropic = true;
-                }
-                _ => {}
-            }
-        }
-        seen
+    /// Whether any slot in `from..to` is present.
+    fn has(&self, from: usize, to: usize) -> bool {
+        let mask = ((1u32 << (to - from)) - 1) << from;
+        self.present & mask != 0
+    }
+
+    /// Slot `i`'s one value: `Err(())` when repeated.
+    fn value(&self, i: usize) -> Option<Result<&'a HeaderValue, ()>> {
+        let v = self.values[i]?;
+        Some(if self.many & (1 << i) != 0 {
+            Err(())
+        } else {
+            Ok(v)
+        })
     }
 }
 
@@ -330,31 +390,31 @@ pub(crate) fn read_with(
     status: StatusCode,
     now: impl Fn() -> SystemTime,
 ) -> Reading {
-    let seen = Seen::of(headers);
+    let f = Fields::of(headers);
     let mut reading = Reading::default();
-    if !seen.any() {
+    if f.present == 0 {
         return reading;
     }
-    if seen.ietf {
-        ietf(headers, &mut reading);
+    if f.has(IETF, IETF_POLICY + 1) {
+        ietf(f.headers, &mut reading);
     }
-    if seen.legacy {
-        legacy(headers, &mut reading);
+    if f.has(LEGACY, X) {
+        legacy(&f, &mut reading);
     }
-    if seen.x {
-        x_ratelimit(headers, &now, &mut reading);
+    if f.has(X, OPENAI) {
+        x_ratelimit(&f, &now, &mut reading);
     }
-    if seen.openai {
-        openai(headers, &mut reading);
+    if f.has(OPENAI, ANTHROPIC) {
+        openai(&f, &mut reading);
     }
-    if seen.anthropic {
-        anthropic(headers, &now, &mut reading);
+    if f.has(ANTHROPIC, RETRY_AFTER) {
+        anthropic(&f, &now, &mut reading);
     }
-    if seen.retry_after {
-        reading.retry_after = retry_after(headers, status, &now);
+    if f.has(RETRY_AFTER, SHOULD_RETRY) {
+        reading.retry_after = retry_after(&f, status, &now);
     }
-    if seen.should_retry {
-        reading.should_retry = should_retry(headers);
+    if f.has(SHOULD_RETRY, SHOULD_RETRY + 1) {
+        reading.should_retry = should_retry(&f);
     }
     reading
 }
@@ -376,41 +436,61 @@ fn bad(header: &'static str, why: &'static str) {
     );
 }
 
-/// The one value of `name`, or `None` (absent; or duplicated, with a
+/// Optional white space off both ends.
+fn trim_ows(s: &str) -> &str {
+    let b = s.as_bytes();
+    let start = b
+        .iter()
+        .position(|c| *c != b' ' && *c != b'\t')
+        .unwrap_or(b.len());
+    let end = b
+        .iter()
+        .rposition(|c| *c != b' ' && *c != b'\t')
+        .map_or(start, |i| i + 1);
+    &s[start..end]
+}
+
+/// The one value of slot `i`, or `None` (absent; or duplicated, with a
 /// DEBUG event).
-fn single<'a>(headers: &'a HeaderMap, name: &'static str) -> Option<&'a str> {
-    let mut all = headers.get_all(name).iter();
-    let first = all.next()?;
-    if all.next().is_some() {
-        bad(name, "duplicated");
+fn single<'a>(f: &Fields<'a>, i: usize) -> Option<&'a str> {
+    let Ok(value) = f.value(i)? else {
+        bad(NAMES[i], "duplicated");
         return None;
-    }
-    match first.to_str() {
-        Ok(s) => Some(s.trim_matches([' ', '\t'])),
+    };
+    match value.to_str() {
+        Ok(s) => Some(trim_ows(s)),
         Err(_) => {
-            bad(name, "not visible ASCII");
+            bad(NAMES[i], "not visible ASCII");
             None
         }
     }
 }
 
 /// A count: ASCII digits only, at most 2⁶³ − 1.
-fn count(headers: &HeaderMap, name: &'static str) -> Option<u64> {
-    let text = single(headers, name)?;
+fn count(f: &Fields<'_>, i: usize) -> Option<u64> {
+    let text = single(f, i)?;
     match parse_count(text) {
         Some(n) => Some(n),
         None => {
-            bad(name, "not a count");
+            bad(NAMES[i], "not a count");
             None
         }
     }
 }
 
 fn parse_count(text: &str) -> Option<u64> {
-    if text.is_empty() || text.len() > 19 || !text.bytes().all(|b| b.is_ascii_digit()) {
+    if text.is_empty() || text.len() > 19 {
         return None;
     }
-    text.parse::<u64>().ok().filter(|n| *n <= i64::MAX as u64)
+    let mut n: u64 = 0;
+    for b in text.bytes() {
+        if !b.is_ascii_digit() {
+            return None;
+        }
+        // 19 digits fit in a u64.
+        n = n * 10 + u64::from(b - b'0');
+    }
+    (n <= i64::MAX as u64).then_some(n)
 }
 
 /// `digits` or `digits.digits` as a duration in seconds (no sign, no
@@ -820,29 +900,29 @@ fn ietf(headers: &HeaderMap, reading: &mut Reading) {
 
 /// The first number of an old-draft `RateLimit-Limit` (`100` or
 /// `100, 100;w=60`).
-fn legacy_limit(headers: &HeaderMap, name: &'static str) -> Option<u64> {
-    let text = single(headers, name)?;
-    let first = text.split([',', ';']).next().unwrap_or("").trim();
+fn legacy_limit(f: &Fields<'_>, i: usize) -> Option<u64> {
+    let text = single(f, i)?;
+    let first = trim_ows(text.split([',', ';']).next().unwrap_or(""));
     let n = parse_count(first);
     if n.is_none() {
-        bad(name, "not a count");
+        bad(NAMES[i], "not a count");
     }
     n
 }
 
-fn legacy(headers: &HeaderMap, reading: &mut Reading) {
-    let reset = single(headers, "ratelimit-reset").and_then(|t| match parse_count(t) {
-        Some(s) => within_max("ratelimit-reset", Duration::from_secs(s)),
+fn legacy(f: &Fields<'_>, reading: &mut Reading) {
+    let reset = single(f, LEGACY + 2).and_then(|t| match parse_count(t) {
+        Some(s) => within_max(NAMES[LEGACY + 2], Duration::from_secs(s)),
         None => {
-            bad("ratelimit-reset", "not delta seconds");
+            bad(NAMES[LEGACY + 2], "not delta seconds");
             None
         }
     });
     reading.merge(
         Dimension::Requests,
         Quota {
-            limit: legacy_limit(headers, "ratelimit-limit"),
-            remaining: count(headers, "ratelimit-remaining"),
+            limit: legacy_limit(f, LEGACY),
+            remaining: count(f, LEGACY + 1),
             reset,
             precision: Precision::Seconds,
             window: None,
@@ -850,11 +930,11 @@ fn legacy(headers: &HeaderMap, reading: &mut Reading) {
     );
 }
 
-fn x_ratelimit(headers: &HeaderMap, now: &dyn Fn() -> SystemTime, reading: &mut Reading) {
-    const RESET: &str = "x-ratelimit-reset";
-    let reset = single(headers, RESET).and_then(|t| {
+fn x_ratelimit(f: &Fields<'_>, now: &dyn Fn() -> SystemTime, reading: &mut Reading) {
+    let name = NAMES[X + 2];
+    let reset = single(f, X + 2).and_then(|t| {
         let Some((value, precision)) = parse_decimal_seconds(t) else {
-            bad(RESET, "not seconds");
+            bad(name, "not seconds");
             return None;
         };
         let delta = if value.as_secs() >= EPOCH_THRESHOLD {
@@ -863,13 +943,13 @@ fn x_ratelimit(headers: &HeaderMap, now: &dyn Fn() -> SystemTime, reading: &mut 
         } else {
             value
         };
-        within_max(RESET, delta).map(|d| (d, precision))
+        within_max(name, delta).map(|d| (d, precision))
     });
     reading.merge(
         Dimension::Requests,
         Quota {
-            limit: legacy_limit(headers, "x-ratelimit-limit"),
-            remaining: count(headers, "x-ratelimit-remaining"),
+            limit: legacy_limit(f, X),
+            remaining: count(f, X + 1),
             reset: reset.map(|r| r.0),
             precision: reset.map_or(Precision::Seconds, |r| r.1),
             window: None,
@@ -960,38 +1040,26 @@ pub fn parse_go_duration(text: &str) -> Option<Duration> {
     Some(Duration::new(secs, (total % 1_000_000_000) as u32))
 }
 
-fn openai(headers: &HeaderMap, reading: &mut Reading) {
-    const FIELDS: [(Dimension, [&str; 3]); 2] = [
-        (
-            Dimension::Requests,
-            [
-                "x-ratelimit-limit-requests",
-                "x-ratelimit-remaining-requests",
-                "x-ratelimit-reset-requests",
-            ],
-        ),
-        (
-            Dimension::Tokens,
-            [
-                "x-ratelimit-limit-tokens",
-                "x-ratelimit-remaining-tokens",
-                "x-ratelimit-reset-tokens",
-            ],
-        ),
-    ];
-    for (dimension, [limit, remaining, reset]) in FIELDS {
-        let reset = single(headers, reset).and_then(|t| {
+fn openai(f: &Fields<'_>, reading: &mut Reading) {
+    for (dimension, at) in [
+        (Dimension::Requests, OPENAI),
+        (Dimension::Tokens, OPENAI + 3),
+    ] {
+        if !f.has(at, at + 3) {
+            continue;
+        }
+        let reset = single(f, at + 2).and_then(|t| {
             let d = parse_go_duration(t);
             if d.is_none() {
-                bad(reset, "not a Go duration within the cap");
+                bad(NAMES[at + 2], "not a Go duration within the cap");
             }
             d
         });
         reading.merge(
             dimension,
             Quota {
-                limit: count(headers, limit),
-                remaining: count(headers, remaining),
+                limit: count(f, at),
+                remaining: count(f, at + 1),
                 reset,
                 precision: Precision::Milliseconds,
                 window: None,
@@ -1111,57 +1179,27 @@ fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
     era * 146_097 + doe - 719_468
 }
 
-fn anthropic(headers: &HeaderMap, now: &dyn Fn() -> SystemTime, reading: &mut Reading) {
-    const FIELDS: [(Dimension, [&str; 3]); 4] = [
-        (
-            Dimension::Requests,
-            [
-                "anthropic-ratelimit-requests-limit",
-                "anthropic-ratelimit-requests-remaining",
-                "anthropic-ratelimit-requests-reset",
-            ],
-        ),
-        (
-            Dimension::Tokens,
-            [
-                "anthropic-ratelimit-tokens-limit",
-                "anthropic-ratelimit-tokens-remaining",
-                "anthropic-ratelimit-tokens-reset",
-            ],
-        ),
-        (
-            Dimension::InputTokens,
-            [
-                "anthropic-ratelimit-input-tokens-limit",
-                "anthropic-ratelimit-input-tokens-remaining",
-                "anthropic-ratelimit-input-tokens-reset",
-            ],
-        ),
-        (
-            Dimension::OutputTokens,
-            [
-                "anthropic-ratelimit-output-tokens-limit",
-                "anthropic-ratelimit-output-tokens-remaining",
-                "anthropic-ratelimit-output-tokens-reset",
-            ],
-        ),
-    ];
-    for (dimension, [limit, remaining, reset]) in FIELDS {
-        let reset = single(headers, reset).and_then(|t| match parse_rfc3339(t) {
-            Some((at, precision)) => {
-                let d = at.duration_since(now()).unwrap_or(Duration::ZERO);
-                within_max(reset, d).map(|d| (d, precision))
+fn anthropic(f: &Fields<'_>, now: &dyn Fn() -> SystemTime, reading: &mut Reading) {
+    for (k, dimension) in Dimension::ALL.into_iter().enumerate() {
+        let at = ANTHROPIC + 3 * k;
+        if !f.has(at, at + 3) {
+            continue;
+        }
+        let reset = single(f, at + 2).and_then(|t| match parse_rfc3339(t) {
+            Some((when, precision)) => {
+                let d = when.duration_since(now()).unwrap_or(Duration::ZERO);
+                within_max(NAMES[at + 2], d).map(|d| (d, precision))
             }
             None => {
-                bad(reset, "not an RFC 3339 time");
+                bad(NAMES[at + 2], "not an RFC 3339 time");
                 None
             }
         });
         reading.merge(
             dimension,
             Quota {
-                limit: count(headers, limit),
-                remaining: count(headers, remaining),
+                limit: count(f, at),
+                remaining: count(f, at + 1),
                 reset: reset.map(|r| r.0),
                 precision: reset.map_or(Precision::Seconds, |r| r.1),
                 window: None,
@@ -1173,25 +1211,23 @@ fn anthropic(headers: &HeaderMap, now: &dyn Fn() -> SystemTime, reading: &mut Re
 // ===== pauses and the word on retrying =====
 
 fn retry_after(
-    headers: &HeaderMap,
+    f: &Fields<'_>,
     status: StatusCode,
     now: &dyn Fn() -> SystemTime,
 ) -> Option<Duration> {
-    for name in ["retry-after-ms", "x-ms-retry-after-ms"] {
-        if let Some(ms) = count(headers, name) {
-            return within_max(name, Duration::from_millis(ms));
+    for i in [RETRY_AFTER_MS, X_MS_RETRY_AFTER_MS] {
+        if let Some(ms) = count(f, i) {
+            return within_max(NAMES[i], Duration::from_millis(ms));
         }
     }
     if status != StatusCode::TOO_MANY_REQUESTS && status != StatusCode::SERVICE_UNAVAILABLE {
         return None;
     }
-    let mut all = headers.get_all(http::header::RETRY_AFTER).iter();
-    let first: &HeaderValue = all.next()?;
-    if all.next().is_some() {
+    let Ok(value) = f.value(RETRY_AFTER)? else {
         bad("retry-after", "duplicated");
         return None;
-    }
-    match crate::retry_after::parse_retry_after(first, now()) {
+    };
+    match crate::retry_after::parse_retry_after(value, now()) {
         Some(d) => within_max("retry-after", d),
         None => {
             bad("retry-after", "not delta seconds or an HTTP-date");
@@ -1200,8 +1236,8 @@ fn retry_after(
     }
 }
 
-fn should_retry(headers: &HeaderMap) -> Option<bool> {
-    let text = single(headers, "x-should-retry")?;
+fn should_retry(f: &Fields<'_>) -> Option<bool> {
+    let text = single(f, SHOULD_RETRY)?;
     if text.eq_ignore_ascii_case("true") {
         Some(true)
     } else if text.eq_ignore_ascii_case("false") {
