@@ -38,7 +38,9 @@ fn paced() -> impl Service<
 }
 
 fn get(server: &FaultServer) -> Request<Empty<Bytes>> {
-    Request::get(server.url("/v1/chat")).body(Empty::new()).unwrap()
+    Request::get(server.url("/v1/chat"))
+        .body(Empty::new())
+        .unwrap()
 }
 
 /// The first answer says the quota is out for a second; the second request

@@ -83,10 +83,15 @@
 //!   a 304, says what the origin said when it answered, not now: its
 //!   fields are not read (see [`parse::is_cached`]).
 //! * **A new window** is recognised by a reset later than the one kept
-//!   (by more than the readings' precision) or the kept one having passed;
-//!   within a window, what is left only goes down (the smaller of our
-//!   count and the server's), so responses that arrive out of order do
-//!   not raise it.
+//!   (by more than the readings' precision) or the kept one having passed.
+//!   Within a window the server's count only goes down, so a reading above
+//!   the lowest one seen is a response that arrived out of order, and is
+//!   ignored; any other sets what is left (which corrects the estimates
+//!   of the requests it answered).
+//! * **Requests in flight before a host is tracked** count against it too:
+//!   when a host's first low reading arrives, every request in flight is
+//!   taken as possibly bound for it (to any host: the happy path does not
+//!   hash hosts), an estimate that each of their answers settles.
 //! * **The reset is taken as the server says it.** A server that rounds
 //!   its reset down sees the first requests of the next window early, by
 //!   up to the rounding; the jitter softens that.
