@@ -582,8 +582,8 @@ fn count_of<B>(outcome: &Result<Response<B>, Error>) -> Count {
             }
         }
         Err(err) => {
-            // The Retry-After gate's own refusal.
-            if err.kind() == ErrorKind::Throttled {
+            // The Retry-After gate's own refusal, the pacer's.
+            if matches!(err.kind(), ErrorKind::Throttled | ErrorKind::QuotaExhausted) {
                 return Count::Ignore;
             }
             match err.extensions().get::<Verdict>() {

@@ -349,6 +349,8 @@ fn classify_error(err: &Error) -> Verdict {
         }
         ErrorKind::Rejected => return fatal("rejected"),
         ErrorKind::Throttled => return fatal("throttled"),
+        // Failed before sending: the quota is out past the deadline.
+        ErrorKind::QuotaExhausted => return fatal("quota exhausted"),
         // Failed at once by a circuit breaker, never sent: retrying now
         // would only meet the open circuit again (and spend the budget).
         ErrorKind::CircuitOpen => return fatal("circuit open"),

@@ -161,6 +161,12 @@ pub enum ErrorKind {
     Rejected,
     /// A Retry-After gate refused the request: the server asked for a pause.
     Throttled,
+    /// The server's announced quota for the request's host (requests or
+    /// tokens) is out and does not come back before the request's
+    /// deadline: the request was failed at once, **not sent**, and is not
+    /// retried. The error carries when the quota resets (see
+    /// `rebound_core::ratelimit`).
+    QuotaExhausted,
     /// A circuit breaker is open for the request's host (or scope): the
     /// request was failed at once, **not sent**. The error names the host
     /// and when the circuit may close (see `rebound_core::breaker`).
@@ -196,6 +202,7 @@ impl ErrorKind {
             ErrorKind::Closed => "closed",
             ErrorKind::Rejected => "rejected",
             ErrorKind::Throttled => "throttled",
+            ErrorKind::QuotaExhausted => "quota_exhausted",
             ErrorKind::CircuitOpen => "circuit_open",
             ErrorKind::Ambiguous => "ambiguous",
             ErrorKind::NotReplayable => "not_replayable",
@@ -220,6 +227,7 @@ impl fmt::Display for ErrorKind {
             ErrorKind::Closed => f.write_str("closed: the client is shut down"),
             ErrorKind::Rejected => f.write_str("rejected by the concurrency limiter"),
             ErrorKind::Throttled => f.write_str("throttled: the server asked for a pause"),
+            ErrorKind::QuotaExhausted => f.write_str("quota exhausted"),
             ErrorKind::CircuitOpen => f.write_str("circuit open"),
             ErrorKind::Ambiguous => f.write_str("ambiguous write"),
             ErrorKind::NotReplayable => f.write_str("request body not replayable"),
@@ -423,6 +431,12 @@ impl Error {
     #[deprecated(note = "read the kind: `err.kind() == ErrorKind::Throttled`")]
     pub fn is_throttled(&self) -> bool {
         self.inner.kind == ErrorKind::Throttled
+    }
+
+    /// Whether the host's announced quota is out until after the request's
+    /// deadline (the request was not sent).
+    pub fn is_quota_exhausted(&self) -> bool {
+        self.inner.kind == ErrorKind::QuotaExhausted
     }
 
     /// Whether a circuit breaker failed the request at once (not sent).

@@ -121,6 +121,9 @@ pub mod host;
 #[cfg(feature = "limit")]
 #[cfg_attr(docsrs, doc(cfg(feature = "limit")))]
 pub mod limit;
+#[cfg(feature = "ratelimit")]
+#[cfg_attr(docsrs, doc(cfg(feature = "ratelimit")))]
+pub mod ratelimit;
 #[cfg(feature = "shutdown")]
 #[cfg_attr(docsrs, doc(cfg(feature = "shutdown")))]
 pub mod shutdown;
@@ -184,6 +187,8 @@ pub use crate::hedge::{HedgeLayer, HedgePolicy};
 pub use crate::idempotency::IdempotencyKeyLayer;
 #[cfg(feature = "limit")]
 pub use crate::limit::{AdaptiveLimitLayer, Aimd, ConcurrencyLimitLayer};
+#[cfg(feature = "ratelimit")]
+pub use crate::ratelimit::RateLimitLayer;
 #[cfg(feature = "reconcile")]
 pub use crate::reconcile::ReconcileLayer;
 #[cfg(feature = "retry")]

@@ -11,7 +11,7 @@
 //! | `Cancelled` | `Cancelled` |
 //! | `Closed` | `Unavailable` |
 //! | `Connect`, `Tls`, `Timeout(Connect)` / `Timeout(Tls)`, `Transport`, `Body`, or marked [`Sent::NotSent`](crate::Sent) | `Unavailable` |
-//! | `Rejected` (a limit), `Throttled` (a Retry-After gate), `BodyTooLarge` | `ResourceExhausted` |
+//! | `Rejected` (a limit), `Throttled` (a Retry-After gate), `QuotaExhausted` (the pacer), `BodyTooLarge` | `ResourceExhausted` |
 //! | `InvalidRequest` (e.g. a URL with no origin: tonic's `Grpc::new(client)` over `rebound::Client`; use `Grpc::with_origin`) | `Internal`: it would fail the same way again |
 //! | anything else | `Internal` |
 //!
@@ -59,9 +59,10 @@ pub fn code_of(err: &Error) -> tonic::Code {
         ErrorKind::Connect | ErrorKind::Tls | ErrorKind::Transport | ErrorKind::Body => {
             C::Unavailable
         }
-        ErrorKind::Rejected | ErrorKind::Throttled | ErrorKind::BodyTooLarge => {
-            C::ResourceExhausted
-        }
+        ErrorKind::Rejected
+        | ErrorKind::Throttled
+        | ErrorKind::QuotaExhausted
+        | ErrorKind::BodyTooLarge => C::ResourceExhausted,
         // A request that cannot be sent as written (a URL with no origin,
         // a header that is not valid) fails the same way every time: not
         // UNAVAILABLE, which callers retry.

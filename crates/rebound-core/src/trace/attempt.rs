@@ -210,6 +210,9 @@ fn attempt_span(attempt: u32, budget_left: Option<u32>) -> Span {
         rebound.budget_left = budget_left,
         rebound.limiter = Empty,
         rebound.gate_wait_ms = Empty,
+        rebound.ratelimit.wait_ms = Empty,
+        rebound.ratelimit.remaining = Empty,
+        rebound.ratelimit.reset_ms = Empty,
         rebound.elapsed_ms = Empty,
     )
 }

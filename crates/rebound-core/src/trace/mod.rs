@@ -81,6 +81,7 @@
 //! | `rebound.attempts` | attempts made |
 //! | `rebound.stop` | why the loop stopped: `success`, `fatal`, `attempts`, `budget`, `deadline`, `not_eligible`, `not_replayable`, `cancelled`, `not_retried`, `error` |
 //! | `rebound.budget_left`, `rebound.limiter`, `rebound.gate_wait_ms` | from the [`BudgetLeft`], [`LimiterState`], [`GateWait`] annotations, when present |
+//! | `rebound.ratelimit.wait_ms`, `rebound.ratelimit.remaining`, `rebound.ratelimit.reset_ms` | recorded by the rate-limit layer (`ratelimit`) on the current span: how long the request was paced, and the response's smallest remaining quota and its reset (numbers only) |
 //! | `rebound.elapsed_ms` | time to the response head |
 //!
 //! The response's body is a [`TraceBody`], which holds the request span:
@@ -95,7 +96,8 @@
 //! `rebound.reason`, `rebound.sent`, `rebound.delay_ms` and
 //! `rebound.delay_source` (`retry_after` or `backoff`, from
 //! [`ProposedDelay`](crate::ProposedDelay)), `rebound.budget_left`,
-//! `rebound.limiter`, `rebound.gate_wait_ms`, `rebound.elapsed_ms`.
+//! `rebound.limiter`, `rebound.gate_wait_ms`, the three
+//! `rebound.ratelimit.*` fields, `rebound.elapsed_ms`.
 //!
 //! # Levels
 //!

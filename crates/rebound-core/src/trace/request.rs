@@ -216,6 +216,9 @@ fn request_span<B>(cfg: &Config, req: &Request<B>) -> Span {
         rebound.budget_left = Empty,
         rebound.limiter = Empty,
         rebound.gate_wait_ms = Empty,
+        rebound.ratelimit.wait_ms = Empty,
+        rebound.ratelimit.remaining = Empty,
+        rebound.ratelimit.reset_ms = Empty,
         rebound.elapsed_ms = Empty,
     )
 }
