@@ -43,10 +43,16 @@ const WINDOW: Duration = Duration::from_secs(1);
 /// this file stays as it is.
 fn clients() -> Vec<(&'static str, ClientBuilder)> {
     vec![
-        ("reactive (default gate)", Client::builder()),
+        ("paced (default: pacer and gate)", Client::builder()),
         (
-            "no gate",
-            Client::builder().retry_after_gate(None::<GateMode>),
+            "reactive (gate only, rate_limit(None))",
+            Client::builder().rate_limit(None),
+        ),
+        (
+            "neither",
+            Client::builder()
+                .rate_limit(None)
+                .retry_after_gate(None::<GateMode>),
         ),
     ]
 }

@@ -109,7 +109,7 @@ async fn tonics_own_timeout_is_the_calls_deadline() {
         );
         let mut req = tonic::Request::new(Bytes::from_static(b"ping"));
         req.set_timeout(Duration::from_millis(300));
-        let start = std::time::Instant::now();
+        let start = tokio::time::Instant::now();
         let status = stub
             .unary_request("/test.Echo/Ping", req)
             .await

@@ -284,7 +284,12 @@ pub struct QuotaReset {
     pub at: Instant,
 }
 
-fn exhausted<B>(req: &Request<B>, reset: Instant, dimension: Dimension, now: Instant) -> Error {
+pub(crate) fn exhausted<B>(
+    req: &Request<B>,
+    reset: Instant,
+    dimension: Dimension,
+    now: Instant,
+) -> Error {
     let mut err = Error::new(ErrorKind::QuotaExhausted)
         .with_detail(match dimension {
             Dimension::Requests => "no requests left before the deadline",
@@ -319,11 +324,11 @@ fn exhausted<B>(req: &Request<B>, reset: Instant, dimension: Dimension, now: Ins
 /// Clones share the same [`Pacer`].
 #[derive(Clone)]
 pub struct RateLimitLayer {
-    pacer: Arc<Pacer>,
-    clock: Option<Clock>,
+    pub(crate) pacer: Arc<Pacer>,
+    pub(crate) clock: Option<Clock>,
 }
 
-type Clock = Arc<dyn Fn() -> SystemTime + Send + Sync>;
+pub(crate) type Clock = Arc<dyn Fn() -> SystemTime + Send + Sync>;
 
 impl fmt::Debug for RateLimitLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -550,6 +555,38 @@ impl Wait for Paced {
     }
 }
 
+/// What a response says of its host's quota, read into the pacer: its
+/// rate-limit headers parsed (none of a cached response's), the span's
+/// `rebound.ratelimit.*` fields recorded, `ticket` settled. The one reading
+/// for the layer and the whole stack as one service ([`crate::stack`]).
+pub(crate) fn settle(
+    clock: Option<&(dyn Fn() -> SystemTime + Send + Sync)>,
+    status: http::StatusCode,
+    headers: &http::HeaderMap,
+    ticket: Ticket,
+    key: impl FnOnce() -> u64,
+) -> Option<QuotaSignal> {
+    let mut reading = parse::read_with(headers, status, || match clock {
+        Some(clock) => clock(),
+        #[allow(clippy::disallowed_methods)] // the wall clock, for dates
+        None => SystemTime::now(),
+    });
+    if !reading.is_empty() && parse::is_cached(status, headers) {
+        reading = Reading::default();
+    }
+    if let Some((_, q)) = reading.tightest() {
+        let span = tracing::Span::current();
+        if let Some(r) = q.remaining {
+            span.record("rebound.ratelimit.remaining", r);
+        }
+        if let Some(reset) = q.reset {
+            span.record("rebound.ratelimit.reset_ms", future::millis(reset));
+        }
+    }
+    let pacer = ticket.pacer().clone();
+    pacer.record_keyed(Instant::now, key, ticket, status, &reading)
+}
+
 /// The response future of [`RateLimit`].
 pub mod future {
     use super::*;
@@ -607,28 +644,14 @@ pub mod future {
             let Some(ticket) = ticket else {
                 return Poll::Ready(Ok(res));
             };
-            let status = res.status();
-            let clock = this.clock.as_deref();
-            let mut reading = parse::read_with(res.headers(), status, || match clock {
-                Some(clock) => clock(),
-                #[allow(clippy::disallowed_methods)] // the wall clock, for dates
-                None => SystemTime::now(),
-            });
-            if !reading.is_empty() && parse::is_cached(status, res.headers()) {
-                reading = Reading::default();
-            }
-            if let Some((_, q)) = reading.tightest() {
-                let span = tracing::Span::current();
-                if let Some(r) = q.remaining {
-                    span.record("rebound.ratelimit.remaining", r);
-                }
-                if let Some(reset) = q.reset {
-                    span.record("rebound.ratelimit.reset_ms", millis(reset));
-                }
-            }
             let host = this.host.as_ref();
-            let pacer = ticket.pacer().clone();
-            let signal = pacer.record_keyed(Instant::now, || host.key(), ticket, status, &reading);
+            let signal = settle(
+                this.clock.as_deref(),
+                res.status(),
+                res.headers(),
+                ticket,
+                || host.key(),
+            );
             if let Some(signal) = signal {
                 res.extensions_mut().insert(signal);
             }
@@ -636,7 +659,7 @@ pub mod future {
         }
     }
 
-    fn millis(d: Duration) -> u64 {
+    pub(crate) fn millis(d: Duration) -> u64 {
         d.as_millis().min(u128::from(u64::MAX)) as u64
     }
 }

@@ -126,6 +126,11 @@ impl PacerConfig {
     }
 }
 
+/// How long a request waits for the next answer when its host's quota is
+/// out, answers are on their way, and the server never said when the
+/// window ends.
+const PROBE: Duration = Duration::from_millis(20);
+
 // ===== the decision =====
 
 /// What [`Pacer::admit`] decides for a request.
@@ -504,6 +509,7 @@ impl Pacer {
         let costs = ticket.costs;
         let mut at = now;
         let mut blocked: Option<(Instant, Dimension)> = None;
+        let mut probe = false;
         for dimension in Dimension::ALL {
             let d = &mut part.dims[dimension.index()];
             let c = costs[dimension.index()].min(i64::MAX as u64) as i64;
@@ -515,7 +521,15 @@ impl Pacer {
                 continue;
             }
             let Some(reset) = d.reset_at.filter(|r| *r > now) else {
-                // Low, but no word on when it comes back: go.
+                // Low, and no word on when it comes back. Out, with answers
+                // on their way (a window that just rolled over, whose
+                // length the server never said): the next answer says
+                // where the new window stands, so ask again shortly rather
+                // than burst into a 429. Otherwise go: nothing else would
+                // ever tell.
+                if d.left < c && d.inflight > 0 {
+                    probe = true;
+                }
                 continue;
             };
             if d.left >= c {
@@ -530,6 +544,12 @@ impl Pacer {
                 return Admit::Exhausted { reset, dimension };
             }
             return Admit::Later(t);
+        }
+        if probe {
+            let t = now + PROBE + self.jitter(rng) / 4;
+            if !bound(t) {
+                return Admit::Later(t);
+            }
         }
         // Spreading never fails a request that has quota: one whose slot
         // comes after its deadline goes now.
@@ -602,7 +622,7 @@ impl Pacer {
             // Nothing said, nothing reserved: the happy path ends here.
             return signal;
         }
-        let tight = reading.retry_after.is_some()
+        let tight = (reading.retry_after.is_some() && reading.has_quota())
             || reading.quotas().any(|(dimension, q)| {
                 q.remaining.is_some_and(|r| {
                     let d = dimension.index();
@@ -719,8 +739,10 @@ impl Pacer {
             // Else a reading made before the latest one, arrived late.
             d.known = true;
         }
-        if let Some(pause) = reading.retry_after {
-            // Retry-After wins over the headers.
+        // Retry-After wins over the rate-limit headers it comes with. A
+        // bare one (no quota named) is the Retry-After gate's to hold, as
+        // its mode says (`retry_after_gate(None)`: nothing held).
+        if let Some(pause) = reading.retry_after.filter(|_| reading.has_quota()) {
             if let Some(until) = now.checked_add(pause) {
                 host.pause_until = Some(host.pause_until.map_or(until, |p| p.max(until)));
             }

@@ -33,7 +33,7 @@
 //! | `X-RateLimit-*` | `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset` | delta seconds, or epoch seconds (GitHub): see below | seconds (milliseconds with a fraction) |
 //! | OpenAI (and Azure OpenAI, which sends a subset) | `x-ratelimit-{limit,remaining,reset}-{requests,tokens}` | Go duration (`1s`, `6m0s`, `12ms`, `1h2m3.5s`) | milliseconds |
 //! | Anthropic | `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,remaining,reset}` | RFC 3339 time (`2024-05-01T12:00:30Z`) | seconds (milliseconds with a fraction) |
-//! | server pauses | `Retry-After` (on 429 and 503), `retry-after-ms`, `x-ms-retry-after-ms` (Azure) | delta seconds or HTTP-date; milliseconds | — |
+//! | server pauses | `Retry-After` (on a 429 only: a 503's is about its request, see the gate), `retry-after-ms`, `x-ms-retry-after-ms` (Azure) | delta seconds or HTTP-date; milliseconds | — |
 //! | the server's word on retrying | `x-should-retry: true` / `false` | — | — |
 //!
 //! Only IETF policies counted in requests (`qu` absent or `"requests"`)
@@ -197,7 +197,7 @@ pub struct Reading {
     /// Whether any quota is set (so that `is_empty` is one test).
     said: bool,
     /// A pause the server asked for: `retry-after-ms` / `x-ms-retry-after-ms`
-    /// (milliseconds; these win), else `Retry-After` on a 429 or 503. Wins
+    /// (milliseconds; these win), else `Retry-After` on a 429 (a 503's is about its request). Wins
     /// over the rate-limit headers' resets when pacing.
     pub retry_after: Option<Duration>,
     /// The server's explicit word on retrying (`x-should-retry`).
@@ -223,6 +223,12 @@ impl Reading {
     /// Whether the response said nothing about quotas or retrying.
     pub fn is_empty(&self) -> bool {
         !self.said && self.retry_after.is_none() && self.should_retry.is_none()
+    }
+
+    /// Whether the response named any quota (limit, remaining or reset of
+    /// some dimension), beyond a pause or the word on retrying.
+    pub(crate) fn has_quota(&self) -> bool {
+        self.said
     }
 
     /// Merge `quota` for `dimension` into the reading (the rules of the
@@ -373,7 +379,7 @@ impl<'a> Fields<'a> {
 
 /// Read every family from `headers` into one [`Reading`] (merged by the
 /// rules of the [module docs](self)). `status` decides whether
-/// `Retry-After` counts (429 and 503 only); `now` is the wall clock, for
+/// `Retry-After` counts (on a 429 only); `now` is the wall clock, for
 /// epoch and RFC 3339 resets.
 ///
 /// A cached response's fields describe the origin when it answered, not
@@ -1220,7 +1226,10 @@ fn retry_after(
             return within_max(NAMES[i], Duration::from_millis(ms));
         }
     }
-    if status != StatusCode::TOO_MANY_REQUESTS && status != StatusCode::SERVICE_UNAVAILABLE {
+    // A 503's Retry-After is about that request (a path down, a restart),
+    // not the host's quota: the Retry-After gate holds it per path unless
+    // asked (`close_on_503`). Only a 429's pauses the host here.
+    if status != StatusCode::TOO_MANY_REQUESTS {
         return None;
     }
     let Ok(value) = f.value(RETRY_AFTER)? else {

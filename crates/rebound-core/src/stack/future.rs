@@ -36,7 +36,9 @@ use crate::collect::future::{announced_len, body_error, has_no_content, too_larg
 use crate::error::{BoxError, Error, TimeoutStage};
 use crate::fallback::{Routes, Served};
 use crate::gate::{close_after, throttled_named, wait_open, GateMode};
+use crate::host::HostRef;
 use crate::limit::AttemptSlot;
+use crate::ratelimit::{exhausted, settle, Admit, Cost, Ticket};
 use crate::reconcile::{OperationId, ReconcileHook};
 use crate::redact::RequestName;
 use crate::retry::future::{Decision, Drain, Held, Replay, Slept, DRAIN_MAX_TIME};
@@ -201,6 +203,10 @@ enum Admitted {
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Step {
     Gate,
+    /// The pacer: admit (again, after a quota's reset).
+    Pace,
+    /// The pacer let the attempt go (its slot has come).
+    Paced,
     Adaptive,
     Call,
 }
@@ -255,6 +261,10 @@ struct Req<S, B: RetryBody, C> {
     served: Option<Served>,
     // The operation id a status check would be asked about.
     operation: Option<OperationId>,
+    // The attempt's place with the pacer, settled by its response.
+    ticket: Option<Ticket>,
+    // When the pacer started holding the attempt in flight.
+    paced_since: Option<Instant>,
 }
 
 impl<S, B: RetryBody, C> Req<S, B, C> {
@@ -332,6 +342,8 @@ where
             routes: None,
             served: None,
             operation: None,
+            ticket: None,
+            paced_since: None,
         };
         let mut cut = None;
         let early = Self::admit(&mut r, &mut cut, now, ours, req);
@@ -527,6 +539,7 @@ where
             propagate.write(&mut req, r.deadline);
         }
         r.attempt_held_since = None;
+        r.paced_since = None;
         let span = attempt.span.clone();
         r.attempt = Some(attempt);
         let _entered = span.enter();
@@ -602,6 +615,44 @@ where
                             }
                             _ => return Started::Failed(throttled_named(&name, until, now, None)),
                         }
+                    }
+                }
+            }
+        }
+        if matches!(from, Step::Gate | Step::Pace) {
+            if let Some(rate_limit) = &r.cfg.rate_limit {
+                let pacer = &rate_limit.pacer;
+                let mut ticket = r
+                    .ticket
+                    .take()
+                    .unwrap_or_else(|| pacer.ticket(req.extensions().get::<Cost>()));
+                let admit = if pacer.hosts() == 0 {
+                    // No host tracked: no clock, no hash, no lock.
+                    pacer.count(&mut ticket);
+                    Admit::Go
+                } else {
+                    pacer.admit(Instant::now(), req.uri(), &mut ticket, Some(r.deadline))
+                };
+                r.ticket = Some(ticket);
+                match admit {
+                    Admit::Go => {}
+                    Admit::Wait(until) | Admit::Later(until) => {
+                        r.paced_since.get_or_insert_with(Instant::now);
+                        let next = if matches!(admit, Admit::Wait(_)) {
+                            Step::Paced
+                        } else {
+                            Step::Pace
+                        };
+                        let wait: Wait<Option<AttemptSlot>> = Box::pin(async move {
+                            sleep_until(until).await;
+                            Ok(None)
+                        });
+                        return Started::Waiting(wait, next, req);
+                    }
+                    Admit::Exhausted { reset, dimension } => {
+                        r.ticket = None;
+                        let err = exhausted(&req, reset, dimension, Instant::now());
+                        return Started::Failed(err);
                     }
                 }
             }
@@ -713,6 +764,27 @@ where
         }
         if let Some(since) = r.attempt_held_since.take() {
             ext_of(&mut out).insert(GateWait(since.elapsed()));
+        }
+        if let Some(since) = r.paced_since.take() {
+            let waited = since.elapsed().as_millis().min(u128::from(u64::MAX)) as u64;
+            tracing::Span::current().record("rebound.ratelimit.wait_ms", waited);
+        }
+        if let Some(ticket) = r.ticket.take() {
+            // An error: the ticket's drop gives its reservation back.
+            if let Ok(res) = &mut out {
+                let rate_limit = r.cfg.rate_limit.as_ref().expect("a ticket of the pacer");
+                let uri = r.replay.as_ref().and_then(Replay::name).map(|(_, u)| u);
+                let signal = settle(
+                    rate_limit.clock.as_deref(),
+                    res.status(),
+                    res.headers(),
+                    ticket,
+                    || uri.map_or(0, |u| HostRef::of(u).key()),
+                );
+                if let Some(signal) = signal {
+                    res.extensions_mut().insert(signal);
+                }
+            }
         }
         if let Ok(res) = &out {
             let closes = r
@@ -1136,6 +1208,7 @@ where
                         let req = req.as_ref().expect("waiting with its request");
                         let detail = match from {
                             Step::Call => "shut down while queued for an adaptive-limit slot",
+                            Step::Pace | Step::Paced => "shut down while paced for a quota",
                             _ => "shut down while held at the gate",
                         };
                         let err = closed_while_waiting(req, detail);

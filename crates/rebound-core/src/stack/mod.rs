@@ -90,6 +90,7 @@
 //! | the time left as `grpc-timeout` | [`PropagateDeadlineLayer`] | [`propagate_deadline`](StackLayer::propagate_deadline) (off by default) |
 //! | the proposed delay | [`BackoffLayer`] | [`backoff`](StackLayer::backoff) |
 //! | close / hold a host's gate | [`RetryAfterGateLayer`] (closing) | [`retry_after_gate`](StackLayer::retry_after_gate) |
+//! | each attempt paced by the quota its host announces (rate-limit headers) | [`RateLimitLayer`](crate::ratelimit::RateLimitLayer) | [`rate_limit`](StackLayer::rate_limit) (off by default) |
 //! | attempts in flight, shrinking on overload | [`AdaptiveLimitLayer`] | [`adaptive_limit`](StackLayer::adaptive_limit) (off by default) |
 //! | Retry-After / pushback into a hint | [`RetryAfterLayer`] | [`retry_after`](StackLayer::retry_after) |
 //! | each attempt's [`Verdict`](crate::Verdict) | [`ClassifyLayer`](crate::classify::ClassifyLayer) | [`classifier`](StackLayer::classifier) |
@@ -197,6 +198,7 @@ pub(crate) struct Config<C> {
     pub(crate) retry: RetryPolicy,
     pub(crate) reconcile: Option<ReconcileHook>,
     pub(crate) propagate: Option<PropagateDeadlineLayer>,
+    pub(crate) rate_limit: Option<crate::ratelimit::RateLimitLayer>,
     pub(crate) backoff: Backoff,
     pub(crate) breaker: Option<CircuitBreakerLayer>,
     pub(crate) adaptive: Option<Arc<AdaptiveLimiter>>,
@@ -221,6 +223,7 @@ impl<C: Clone> Clone for Config<C> {
             retry: self.retry.clone(),
             reconcile: self.reconcile.clone(),
             propagate: self.propagate.clone(),
+            rate_limit: self.rate_limit.clone(),
             backoff: self.backoff.clone(),
             breaker: self.breaker.clone(),
             adaptive: self.adaptive.clone(),
@@ -304,6 +307,7 @@ impl StackLayer<HttpClassifier> {
                 retry: RetryPolicy::default(),
                 reconcile: None,
                 propagate: None,
+                rate_limit: None,
                 backoff: Backoff::exponential(Duration::from_millis(100), Duration::from_secs(10)),
                 breaker: Some(breaker),
                 adaptive: None,
@@ -418,6 +422,16 @@ impl<C: Clone> StackLayer<C> {
         self.with(|c| c.propagate = propagate)
     }
 
+    /// Pace each attempt by the quota its host's responses announce, and
+    /// read every response's rate-limit headers (see
+    /// [`RateLimitLayer`](crate::ratelimit::RateLimitLayer)): the wait is
+    /// bounded by the deadline, a quota that does not come back within it
+    /// fails the attempt at once (`QuotaExhausted`, not sent). Default:
+    /// off (the ready-made client turns it on).
+    pub fn rate_limit(self, rate_limit: Option<crate::ratelimit::RateLimitLayer>) -> Self {
+        self.with(|c| c.rate_limit = rate_limit)
+    }
+
     /// The delay proposed for each retryable attempt.
     pub fn backoff(self, backoff: BackoffLayer) -> Self {
         self.with(|c| c.backoff = backoff.backoff().clone())
@@ -476,6 +490,7 @@ impl<C: Clone> StackLayer<C> {
                 retry: c.retry,
                 reconcile: c.reconcile,
                 propagate: c.propagate,
+                rate_limit: c.rate_limit,
                 backoff: c.backoff,
                 breaker: c.breaker,
                 adaptive: c.adaptive,
@@ -523,6 +538,7 @@ impl<C> StackLayer<C> {
         on(&mut v, c.propagate.is_some(), "PropagateDeadlineLayer");
         v.push("BackoffLayer");
         on(&mut v, gate, "RetryAfterGateLayer");
+        on(&mut v, c.rate_limit.is_some(), "RateLimitLayer");
         on(&mut v, c.adaptive.is_some(), "AdaptiveLimitLayer");
         v.extend(["RetryAfterLayer", "ClassifyLayer", "AttemptTimeoutLayer"]);
         v

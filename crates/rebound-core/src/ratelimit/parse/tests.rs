@@ -326,9 +326,16 @@ fn pauses_and_should_retry() {
         ),
         (
             "retry-after as an HTTP-date",
-            StatusCode::SERVICE_UNAVAILABLE,
+            StatusCode::TOO_MANY_REQUESTS,
             &[("retry-after", "Tue, 14 Nov 2023 22:13:30 GMT")],
             Some(10_000),
+            None,
+        ),
+        (
+            "a 503's retry-after is its request's, not the quota's",
+            StatusCode::SERVICE_UNAVAILABLE,
+            &[("retry-after", "Tue, 14 Nov 2023 22:13:30 GMT")],
+            None,
             None,
         ),
         (
