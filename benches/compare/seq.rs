@@ -25,6 +25,11 @@ fn columns() -> Result<Vec<Box<dyn Column>>, BoxError> {
             "rebound::Client (defaults)",
             Rebound::new(rebound::Client::builder().build()?),
         ),
+        // `--filter no-pacing`: the defaults less the pacer, for its cost.
+        column(
+            "rebound::Client, no-pacing (rate_limit(None))",
+            Rebound::new(rebound::Client::builder().rate_limit(None).build()?),
+        ),
     ])
 }
 
