@@ -154,3 +154,52 @@ async fn sixty_four_callers_stay_within_an_announced_window_quota() {
         "paced {paced:?}, reactive {reactive:?}"
     );
 }
+
+/// A 200 whose headers say the quota is at zero lowers the adaptive limit
+/// (issue 21: "on 429, lower your own concurrency"), before any 429; an
+/// answer with quota left does not.
+#[tokio::test]
+async fn a_quota_at_zero_lowers_the_adaptive_limit() {
+    use std::sync::Arc;
+
+    use rebound::limit::{AdaptiveLimiter, Aimd};
+
+    let server = FaultServer::builder()
+        .route(
+            "/low",
+            [Action::status(200)
+                .header("x-ratelimit-limit-requests", "60")
+                .header("x-ratelimit-remaining-requests", "0")
+                .header("x-ratelimit-reset-requests", "20ms")],
+        )
+        .route(
+            "/plenty",
+            [Action::status(200)
+                .header("x-ratelimit-limit-requests", "60")
+                .header("x-ratelimit-remaining-requests", "59")
+                .header("x-ratelimit-reset-requests", "1s")],
+        )
+        .start()
+        .await;
+    let limiter = Arc::new(AdaptiveLimiter::new(
+        Aimd::default().initial_limit(64).max_limit(64),
+    ));
+    let client = Client::builder()
+        .adaptive_limiter(limiter.clone())
+        .build()
+        .unwrap();
+    let res = timeout(BOUND, client.get(server.url("/plenty").as_str()))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    drop(res);
+    assert_eq!(limiter.current_limit(), 64, "quota left: no signal");
+    let res = timeout(BOUND, client.get(server.url("/low").as_str()))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    drop(res);
+    assert!(limiter.current_limit() < 64, "{}", limiter.current_limit());
+}

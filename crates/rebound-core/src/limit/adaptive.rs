@@ -759,6 +759,17 @@ impl Wait for Queued {
 fn outcome_of_response<B>(res: &Response<B>) -> Outcome {
     match res.status() {
         StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE => Outcome::Overload,
+        // The pacer read a quota at zero on this answer (a 200 whose
+        // `remaining` says the next would be refused): lower the limit
+        // before the 429s come, as the server's word asks.
+        #[cfg(feature = "ratelimit")]
+        _ if res
+            .extensions()
+            .get::<crate::ratelimit::QuotaSignal>()
+            .is_some_and(|s| s.exhausted.is_some()) =>
+        {
+            Outcome::Overload
+        }
         _ if Verdict::of(res.extensions()).is_success() => Outcome::Success,
         _ => Outcome::Neutral,
     }

@@ -759,16 +759,8 @@ where
                 out = Err(err);
             }
         }
-        if let Some(slot) = r.slot.take() {
-            slot.settle(&mut out);
-        }
-        if let Some(since) = r.attempt_held_since.take() {
-            ext_of(&mut out).insert(GateWait(since.elapsed()));
-        }
-        if let Some(since) = r.paced_since.take() {
-            let waited = since.elapsed().as_millis().min(u128::from(u64::MAX)) as u64;
-            tracing::Span::current().record("rebound.ratelimit.wait_ms", waited);
-        }
+        // The pacer first: a quota at zero is an overload signal for the
+        // adaptive limit below.
         if let Some(ticket) = r.ticket.take() {
             // An error: the ticket's drop gives its reservation back.
             if let Ok(res) = &mut out {
@@ -785,6 +777,16 @@ where
                     res.extensions_mut().insert(signal);
                 }
             }
+        }
+        if let Some(slot) = r.slot.take() {
+            slot.settle(&mut out);
+        }
+        if let Some(since) = r.attempt_held_since.take() {
+            ext_of(&mut out).insert(GateWait(since.elapsed()));
+        }
+        if let Some(since) = r.paced_since.take() {
+            let waited = since.elapsed().as_millis().min(u128::from(u64::MAX)) as u64;
+            tracing::Span::current().record("rebound.ratelimit.wait_ms", waited);
         }
         if let Ok(res) = &out {
             let closes = r
