@@ -203,3 +203,36 @@ async fn a_quota_at_zero_lowers_the_adaptive_limit() {
     drop(res);
     assert!(limiter.current_limit() < 64, "{}", limiter.current_limit());
 }
+
+/// `x-should-retry` (OpenAI's and Anthropic's APIs) is the server's word:
+/// a 503 saying `false` is not retried, a 409 saying `true` is (a GET).
+#[tokio::test]
+async fn the_servers_word_on_retrying_wins_over_the_status() {
+    let server = FaultServer::builder()
+        .route(
+            "/no",
+            [Action::status(503).header("x-should-retry", "false")],
+        )
+        .route(
+            "/yes",
+            [
+                Action::status(409).header("x-should-retry", "true"),
+                Action::status(200),
+            ],
+        )
+        .start()
+        .await;
+    let client = Client::builder().build().unwrap();
+    let res = timeout(BOUND, client.get(server.url("/no").as_str()))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(res.status(), 503);
+    assert_eq!(server.requests_to("/no").len(), 1, "not retried");
+    let res = timeout(BOUND, client.get(server.url("/yes").as_str()))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(server.requests_to("/yes").len(), 2, "retried once");
+}

@@ -39,6 +39,7 @@
 //! | 408, 429, 500, 502, 503, 504 (configurable) | `Retryable { sent: MaybeProcessed }` |
 //! | any other 4xx or 5xx | `Fatal` |
 //! | 1xx, 2xx, 3xx | `Success` |
+//! | a 4xx or 5xx with `x-should-retry: false` / `true` (OpenAI's and Anthropic's APIs) | the server's word wins: `Fatal` / `Retryable { sent: MaybeProcessed }` (eligibility still applies: a write needs a key) |
 //! | `Timeout(Connect)`, `Timeout(Tls)`, `Connect`, `Tls` errors | `Retryable { sent: NotSent }` |
 //! | a `Tls` error marked [`CertificateRejected`] (wrong host, unknown CA, expired) | `Fatal`: not transient |
 //! | other timeouts, `Body` errors | `Retryable { sent: MaybeProcessed }` |
@@ -221,10 +222,35 @@ impl<B> Classifier<B> for HttpClassifier {
                 if res.version() == http::Version::HTTP_2 && is_grpc(res.headers()) {
                     warn_http_classifier_on_grpc();
                 }
-                self.classify_status(res.status())
+                let verdict = self.classify_status(res.status());
+                if verdict.is_success() {
+                    return verdict;
+                }
+                // Off the happy path: the server's explicit word on retrying.
+                match should_retry(res.headers()) {
+                    Some(false) if verdict.is_retryable() => Verdict::Fatal {
+                        reason: Reason::new_static("x-should-retry: false"),
+                    },
+                    Some(true) if !verdict.is_retryable() => Verdict::Retryable {
+                        reason: Reason::new_static("x-should-retry: true"),
+                        sent: Sent::MaybeProcessed,
+                    },
+                    _ => verdict,
+                }
             }
             Err(err) => classify_error(err),
         }
+    }
+}
+
+/// `x-should-retry: true|false` (OpenAI's and Anthropic's APIs): the
+/// server's explicit word on whether this failed request may be retried.
+/// Anything else is no word.
+fn should_retry(headers: &http::HeaderMap) -> Option<bool> {
+    match headers.get("x-should-retry")?.as_bytes() {
+        b"true" => Some(true),
+        b"false" => Some(false),
+        _ => None,
     }
 }
 
@@ -520,6 +546,29 @@ pub mod future {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_servers_word_on_retrying_wins_over_the_status() {
+        let c = HttpClassifier::default();
+        let res = |status: u16, word: Option<&str>| {
+            let mut b = Response::builder().status(status);
+            if let Some(w) = word {
+                b = b.header("x-should-retry", w);
+            }
+            let out: Result<Response<()>, Error> = Ok(b.body(()).unwrap());
+            Classifier::classify(&c, &out)
+        };
+        assert!(res(503, None).is_retryable());
+        assert!(!res(503, Some("false")).is_retryable());
+        assert!(!res(503, Some("false")).is_success());
+        assert!(!res(409, None).is_retryable());
+        assert!(res(409, Some("true")).is_retryable());
+        assert!(res(200, Some("true")).is_success(), "a success stays one");
+        assert!(
+            res(503, Some("maybe")).is_retryable(),
+            "no word: the status"
+        );
+    }
+
     use super::*;
     use std::io;
 

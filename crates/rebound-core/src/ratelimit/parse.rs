@@ -34,7 +34,7 @@
 //! | OpenAI (and Azure OpenAI, which sends a subset) | `x-ratelimit-{limit,remaining,reset}-{requests,tokens}` | Go duration (`1s`, `6m0s`, `12ms`, `1h2m3.5s`) | milliseconds |
 //! | Anthropic | `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,remaining,reset}` | RFC 3339 time (`2024-05-01T12:00:30Z`) | seconds (milliseconds with a fraction) |
 //! | server pauses | `Retry-After` (on a 429 only: a 503's is about its request, see the gate), `retry-after-ms`, `x-ms-retry-after-ms` (Azure) | delta seconds or HTTP-date; milliseconds | — |
-//! | the server's word on retrying | `x-should-retry: true` / `false` | — | — |
+//! | the server's word on retrying (the classifier acts on it: [`HttpClassifier`](crate::classify::HttpClassifier)) | `x-should-retry: true` / `false` | — | — |
 //!
 //! Only IETF policies counted in requests (`qu` absent or `"requests"`)
 //! are read; `content-bytes` and `concurrent-requests` policies are not
