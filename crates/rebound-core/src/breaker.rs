@@ -782,7 +782,12 @@ impl Breaker {
                 "circuit breaker opened"
             );
             #[cfg(feature = "metrics")]
-            crate::metrics::record_circuit_transition(CircuitState::Open);
+            {
+                crate::metrics::record_circuit_transition(CircuitState::Open);
+                if state_of(expected) == CLOSED {
+                    crate::metrics::record_circuit_opened();
+                }
+            }
         }
     }
 
@@ -799,7 +804,13 @@ impl Breaker {
             }
         );
         #[cfg(feature = "metrics")]
-        crate::metrics::record_circuit_transition(to);
+        {
+            crate::metrics::record_circuit_transition(to);
+            // Closed only ever from half-open (the probes succeeded).
+            if to == CircuitState::Closed {
+                crate::metrics::record_circuit_closed();
+            }
+        }
     }
 
     /// The outcome `count` of a call let through as `admit` by entry

@@ -22,6 +22,7 @@
 //! | [`GATE_WAIT_DURATION`] `rebound.client.gate.wait.duration` | histogram | s | — | the same |
 //! | [`CIRCUIT_TRANSITIONS`] `rebound.client.circuit_breaker.transitions` | counter | {transition} | state | [`record_circuit_transition`], called by the circuit breaker |
 //! | [`CIRCUIT_REJECTED`] `rebound.client.circuit_breaker.rejected` | counter | {request} | — | [`record_circuit_rejected`], called by the circuit breaker |
+//! | [`CIRCUITS_OPEN`] `rebound.client.circuit_breaker.open` | gauge | {circuit} | — | [`record_circuit_opened`] / [`record_circuit_closed`], called by the circuit breaker: circuits not closed (open or half-open) now, in every breaker of the process |
 //!
 //! Labels (keys in the `LABEL_*` constants):
 //!
@@ -102,6 +103,9 @@ pub const GATE_WAIT_DURATION: &str = "rebound.client.gate.wait.duration";
 pub const CIRCUIT_TRANSITIONS: &str = "rebound.client.circuit_breaker.transitions";
 /// Requests a circuit breaker failed at once (not sent).
 pub const CIRCUIT_REJECTED: &str = "rebound.client.circuit_breaker.rejected";
+/// Circuits not closed (open or half-open) now: the breaker's state as a
+/// number, with no host label (see the module docs).
+pub const CIRCUITS_OPEN: &str = "rebound.client.circuit_breaker.open";
 
 /// Label: the request method (`_OTHER` for non-standard ones).
 pub const LABEL_METHOD: &str = "http.request.method";
@@ -193,6 +197,11 @@ pub fn describe() {
         Unit::Count,
         "Requests a circuit breaker failed at once, not sent."
     );
+    describe_gauge!(
+        CIRCUITS_OPEN,
+        Unit::Count,
+        "Circuits not closed (open or half-open) now."
+    );
 }
 
 /// Record a limiter's state: its limit and queue length as gauges, labelled
@@ -215,6 +224,16 @@ pub fn record_gate_wait(wait: Duration) {
 /// each state change (the host is not a label: see above).
 pub fn record_circuit_transition(state: CircuitState) {
     counter!(CIRCUIT_TRANSITIONS, LABEL_CIRCUIT_STATE => state.as_str()).increment(1);
+}
+
+/// Record that a closed circuit opened ([`CIRCUITS_OPEN`] up by one).
+pub fn record_circuit_opened() {
+    gauge!(CIRCUITS_OPEN).increment(1.0);
+}
+
+/// Record that a circuit closed again ([`CIRCUITS_OPEN`] down by one).
+pub fn record_circuit_closed() {
+    gauge!(CIRCUITS_OPEN).decrement(1.0);
 }
 
 /// Record that a circuit breaker failed a request at once.

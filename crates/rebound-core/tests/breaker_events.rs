@@ -61,6 +61,20 @@ async fn state_changes_are_info_events_and_metrics() {
         call().await.unwrap_err().kind(),
         ErrorKind::CircuitOpen
     ));
+    // A snapshot drains the counters: keep them for the final count.
+    #[cfg(feature = "metrics")]
+    let while_open = snapshotter.snapshot().into_vec();
+    #[cfg(feature = "metrics")]
+    {
+        let open = while_open.iter().find_map(|(key, _, _, v)| {
+            (key.key().name() == rebound_core::metrics::CIRCUITS_OPEN).then_some(v)
+        });
+        assert_eq!(
+            open,
+            Some(&metrics_util::debugging::DebugValue::Gauge(1.0.into())),
+            "one circuit open"
+        );
+    }
     tokio::time::advance(Duration::from_secs(5)).await;
     status.store(200, Ordering::Relaxed);
     call().await.unwrap();
@@ -89,19 +103,30 @@ async fn state_changes_are_info_events_and_metrics() {
     #[cfg(feature = "metrics")]
     {
         use metrics_util::debugging::DebugValue;
-        let mut seen: Vec<(String, Vec<String>, u64)> = snapshotter
-            .snapshot()
-            .into_vec()
+        let mut seen: Vec<(String, Vec<String>, u64)> = Vec::new();
+        let last = snapshotter.snapshot().into_vec();
+        let both = while_open
             .into_iter()
-            .map(|(key, _, _, value)| {
-                let labels = key.key().labels().map(|l| l.value().to_owned()).collect();
-                let n = match value {
-                    DebugValue::Counter(n) => n,
-                    other => panic!("{other:?}"),
-                };
-                (key.key().name().to_owned(), labels, n)
-            })
-            .collect();
+            .map(|x| (true, x))
+            .chain(last.into_iter().map(|x| (false, x)));
+        for (earlier, (key, _, _, value)) in both {
+            let labels: Vec<String> = key.key().labels().map(|l| l.value().to_owned()).collect();
+            let name = key.key().name().to_owned();
+            let n = match value {
+                DebugValue::Counter(n) => n,
+                // The open-circuits gauge: its last value, back to 0.
+                DebugValue::Gauge(_) if earlier => continue,
+                DebugValue::Gauge(g) => g.into_inner() as u64,
+                other => panic!("{other:?}"),
+            };
+            match seen
+                .iter_mut()
+                .find(|(n2, l2, _)| *n2 == name && *l2 == labels)
+            {
+                Some(entry) => entry.2 += n,
+                None => seen.push((name, labels, n)),
+            }
+        }
         seen.sort();
         let m = |name: &str, labels: &[&str], n| {
             (
@@ -113,6 +138,7 @@ async fn state_changes_are_info_events_and_metrics() {
         assert_eq!(
             seen,
             [
+                m(rebound_core::metrics::CIRCUITS_OPEN, &[], 0),
                 m(rebound_core::metrics::CIRCUIT_REJECTED, &[], 1),
                 m(rebound_core::metrics::CIRCUIT_TRANSITIONS, &["closed"], 1),
                 m(
