@@ -166,6 +166,107 @@ fn print(rows: &[Row]) {
     }
 }
 
+/// Issue 21's second target: a token quota, each request's cost estimated
+/// ±30 % off. Per window `TOKENS`; each request costs 100–500 tokens
+/// (sent to the server as `x-test-actual-tokens`, charged), its estimate
+/// 0.7–1.3× that (`x-test-tokens`, which the server admits on; and the
+/// client's `Cost`, reserved by the pacer).
+const TOKENS: u64 = 20_000;
+
+#[derive(Debug, Default)]
+struct TokenRow {
+    name: &'static str,
+    received: u64,
+    rejected: u64,
+    tokens_used: u64,
+    elapsed: Duration,
+}
+
+async fn run_tokens(
+    name: &'static str,
+    builder: ClientBuilder,
+    with_cost: bool,
+    windows: u32,
+) -> Result<TokenRow, String> {
+    let server = QuotaServer::builder()
+        .headers(HeaderFamily::OpenAi)
+        .tokens(TOKENS)
+        .window(WINDOW)
+        .try_start()
+        .await
+        .map_err(|e| format!("server: {e}"))?;
+    let client = builder.build().map_err(|e| format!("{name}: {e}"))?;
+    let url: http::Uri = server
+        .url("/v1/chat/completions")
+        .parse()
+        .map_err(|e| format!("{e}"))?;
+    let run_for = WINDOW * windows;
+    let start = Instant::now();
+    let mut callers = JoinSet::new();
+    for caller in 0..CALLERS as u64 {
+        let (client, url) = (client.clone(), url.clone());
+        callers.spawn(async move {
+            // A small LCG per caller: repeatable costs, no dependency.
+            let mut x = caller.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+            let mut next = move || {
+                x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                (x >> 33) as f64 / (1u64 << 31) as f64
+            };
+            for _ in 0..100_000 {
+                if start.elapsed() >= run_for {
+                    break;
+                }
+                let actual = 100 + (next() * 400.0) as u64;
+                let estimate = ((actual as f64) * (0.7 + 0.6 * next())) as u64;
+                let mut req = http::Request::post(url.clone())
+                    .header("x-test-tokens", estimate.to_string())
+                    .header("x-test-actual-tokens", actual.to_string())
+                    .header("idempotency-key", format!("k-{caller}-{actual}-{estimate}"))
+                    .body(rebound::Body::empty())
+                    .expect("a valid request");
+                if with_cost {
+                    req.extensions_mut()
+                        .insert(rebound::ratelimit::Cost::tokens(estimate));
+                }
+                if let Ok(res) = client.send(req).await {
+                    let _ = res.into_body().collect().await;
+                }
+            }
+        });
+    }
+    while let Some(done) = callers.join_next().await {
+        done.map_err(|e| format!("{name}: a caller failed: {e}"))?;
+    }
+    let elapsed = start.elapsed();
+    let snap = server.snapshot();
+    Ok(TokenRow {
+        name,
+        received: snap.received,
+        rejected: snap.rejected,
+        tokens_used: snap.tokens_used,
+        elapsed,
+    })
+}
+
+fn print_tokens(rows: &[TokenRow]) {
+    println!(
+        "\n{:<34} {:>9} {:>8} {:>7} {:>12} {:>11}",
+        "client (token quota)", "received", "429 srv", "429 %", "tokens used", "quota used"
+    );
+    for r in rows {
+        let windows = r.elapsed.as_nanos().div_ceil(WINDOW.as_nanos()) as u64;
+        println!(
+            "{:<34} {:>9} {:>8} {:>6.1}% {:>12} {:>10.1}%",
+            r.name,
+            r.received,
+            r.rejected,
+            100.0 * r.rejected as f64 / r.received.max(1) as f64,
+            r.tokens_used,
+            100.0 * r.tokens_used as f64 / (TOKENS * windows) as f64,
+        );
+    }
+}
+
 fn main() -> ExitCode {
     let quick = std::env::args().any(|a| a == "--quick");
     let windows = if quick { 2 } else { 10 };
@@ -194,5 +295,34 @@ fn main() -> ExitCode {
         }
     }
     print(&rows);
+
+    println!(
+        "\n{CALLERS} callers, {TOKENS} tokens per {WINDOW:?} window, {windows} windows per row \
+         (OpenAI headers; costs 100-500 tokens, estimated 0.7-1.3x)"
+    );
+    let token_clients: [(&'static str, ClientBuilder, bool); 3] = [
+        ("paced, with a Cost estimate", Client::builder(), true),
+        (
+            "paced, no Cost (one request each)",
+            Client::builder(),
+            false,
+        ),
+        (
+            "reactive (rate_limit(None))",
+            Client::builder().rate_limit(None),
+            false,
+        ),
+    ];
+    let mut token_rows = Vec::new();
+    for (name, builder, with_cost) in token_clients {
+        match rt.block_on(run_tokens(name, builder, with_cost, windows)) {
+            Ok(row) => token_rows.push(row),
+            Err(e) => {
+                eprintln!("{e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    print_tokens(&token_rows);
     ExitCode::SUCCESS
 }
