@@ -254,8 +254,18 @@ fn should_retry(headers: &http::HeaderMap) -> Option<bool> {
     }
 }
 
-/// Whether `headers` say gRPC (`content-type: application/grpc...`).
-pub(crate) fn is_grpc(headers: &http::HeaderMap) -> bool {
+/// Whether `headers` say this is a gRPC message (`content-type:
+/// application/grpc`, with or without a `+proto`-style suffix): the one
+/// test the gRPC layers, the classifier and a transport share.
+///
+/// ```
+/// use http::{header::CONTENT_TYPE, HeaderMap, HeaderValue};
+///
+/// let mut h = HeaderMap::new();
+/// h.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc+proto"));
+/// assert!(rebound_core::classify::is_grpc(&h));
+/// ```
+pub fn is_grpc(headers: &http::HeaderMap) -> bool {
     headers
         .get(http::header::CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))

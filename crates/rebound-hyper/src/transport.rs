@@ -713,11 +713,7 @@ impl Future for HeadFuture {
 fn prepare(mut req: Request<Body>) -> Result<Request<Body>, Error> {
     let uri = req.uri();
     if uri.scheme().is_none() || uri.authority().is_none() {
-        let grpc = req
-            .headers()
-            .get(http::header::CONTENT_TYPE)
-            .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
-        let detail = if grpc {
+        let detail = if rebound_core::classify::is_grpc(req.headers()) {
             // tonic's `Grpc::new(client)` sends a path only: say how to fix it.
             "the URL must be absolute (scheme and host): build the tonic client with \
              `tonic::client::Grpc::with_origin(client, origin)`, not `Grpc::new`"

@@ -171,13 +171,8 @@ impl fmt::Display for Code {
     }
 }
 
-/// Whether `headers` say this is a gRPC message (`content-type:
-/// application/grpc`, with or without a `+proto`-style suffix).
-pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
-    headers
-        .get(http::header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
-}
+/// One test for every layer, the HTTP classifier's hint included.
+pub(crate) use crate::classify::is_grpc;
 
 #[cfg(test)]
 mod tests {
