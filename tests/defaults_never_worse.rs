@@ -357,6 +357,41 @@ async fn an_independent_20_percent_rate_fails_only_requests_whose_three_attempts
 
 // ===== a 429 storm: the breaker never opens, throughput returns =====
 
+/// A 429 storm the retries can wait out gives 0 caller errors with the
+/// defaults (pacer, gate, breaker, limits all on): 64 callers, each
+/// request's first answer a 429 with `Retry-After: 1` (the host's gate
+/// closes), every retry a 200.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_429_storm_the_retries_wait_out_gives_no_caller_error() {
+    bounded(async {
+        const N: usize = 64;
+        let mut builder = FaultServer::builder().default(Action::status(200));
+        for i in 0..N {
+            builder = builder.route(
+                &format!("/c{i}"),
+                [Action::status(429).header("retry-after", "1")],
+            );
+        }
+        let server = builder.start().await;
+        let client = Client::builder().build().unwrap();
+        let mut tasks = JoinSet::new();
+        for i in 0..N {
+            let (client, url) = (client.clone(), server.url(&format!("/c{i}")));
+            tasks.spawn(async move { client.get(url.as_str()).await.map(|r| r.status()) });
+        }
+        let mut errors = Vec::new();
+        while let Some(done) = tasks.join_next().await {
+            match done.unwrap() {
+                Ok(status) if status == StatusCode::OK => {}
+                other => errors.push(format!("{other:?}")),
+            }
+        }
+        assert_eq!(errors, Vec::<String>::new(), "no caller error");
+        assert_eq!(server.requests().len(), 2 * N, "one 429 and one 200 each");
+    })
+    .await;
+}
+
 /// 64 callers during a 4 s storm of `429, Retry-After: 1`, then 30 more
 /// requests each against the healthy host. (The gate holds new requests
 /// while the host asks for a pause, so the storm's attempts come in waves

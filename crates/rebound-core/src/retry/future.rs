@@ -99,6 +99,9 @@ pub(crate) struct Replay<S, B: RetryBody> {
     pub(crate) policy: RetryPolicy,
     /// The number of the attempt in flight (1-based).
     pub(crate) attempt: u32,
+    /// Whether the attempt in flight took a token from the budget (a retry
+    /// the server invited with a Retry-After takes none).
+    pub(crate) withdrew: bool,
 }
 
 /// Reads a discarded response body, bounded in bytes, so its connection can
@@ -231,6 +234,7 @@ where
                 policy
             },
             attempt: 1,
+            withdrew: false,
         };
         (Request::from_parts(parts, body), replay)
     }
@@ -315,7 +319,7 @@ where
         let ext = extensions_mut(&mut outcome);
         let sent = match ext.get::<Verdict>() {
             None | Some(Verdict::Success) => {
-                if n > 1 {
+                if n > 1 && self.withdrew {
                     // A retry that worked gives its token back (see
                     // `RetryBudget::refund`).
                     self.policy.budget.refund();
@@ -437,7 +441,13 @@ where
     /// Withdraw a retry token and make the next attempt's request with
     /// `body`; the reason to stop if that cannot be done.
     fn plan(&mut self, plan: Plan, body: B) -> Result<(), RetryStop> {
-        if !self.policy.budget.try_withdraw() {
+        // A retry the server asked for with a Retry-After (a 429, a 503 with
+        // a pause) is paced by the server's own word, and the gate holds
+        // the host meanwhile: it takes no token. The budget bounds the
+        // retries a client makes on its own, so that a 429 storm the
+        // retries can wait out turns into no caller error.
+        self.withdrew = plan.hint.is_none();
+        if self.withdrew && !self.policy.budget.try_withdraw() {
             return Err(RetryStop::Budget);
         }
         let Plan {
