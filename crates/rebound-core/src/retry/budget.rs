@@ -57,6 +57,28 @@ const PPM: u64 = 1_000_000;
 /// 20 % up to *p* ≈ 0.38. In a total outage no retry succeeds, nothing
 /// comes back, and the bound above holds unchanged.
 ///
+/// # A retry the server asked for takes no token
+///
+/// A retry whose delay comes from the server's own `Retry-After` (a 429
+/// or 503 that says when to come back) neither
+/// [withdraws](Self::try_withdraw) a token nor, when it succeeds, gets one
+/// [refunded](Self::refund). The budget bounds the retries a client makes
+/// **on its own**; a retry the server invited is paced by the server, and
+/// while the host's Retry-After gate is closed no other request of the
+/// client is sent to it either. Without this, a 429 storm that every
+/// caller's retry would wait out (64 callers, each told `Retry-After: 1`)
+/// ran a fresh client's budget dry after 16 retries and gave 42 callers a
+/// 429 (`tests/defaults_never_worse.rs`).
+///
+/// **The trade-off:** an outage whose every answer is a 503 *with*
+/// `Retry-After` is not capped by the budget: each request may use up to
+/// its `max_attempts`, each retry spaced by the server's delay (bounded by
+/// the deadline and the Retry-After cap, `RetryAfterLayer::max_delay` or
+/// the client's `retry_after_cap`), and the gate holds the rest of the
+/// host's traffic meanwhile. The load the server sees is the one it asked
+/// for, not 1.2×. A server that sends `Retry-After: 0` on every 503 asks
+/// for what it gets; to cap that anyway, lower `max_attempts`.
+///
 /// The window slides in ten buckets; requests and retries older than the
 /// window are forgotten. Time is `tokio::time`, so paused-clock tests are
 /// deterministic.
