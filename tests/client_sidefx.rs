@@ -456,3 +456,84 @@ async fn reconcile_post_json_decodes_the_checked_result() {
         vec![posts[0].header("idempotency-key").unwrap().to_owned()]
     );
 }
+
+/// A check answered from the caller's own records (a map standing in for a
+/// database), not by another HTTP call: it sees the write's method and its
+/// redacted URL (no query string, no userinfo) and answers with a body of
+/// its own type, which the caller gets from `send` and the JSON helpers.
+#[tokio::test]
+async fn reconcile_a_check_from_memory_sees_the_write_and_answers_any_body() {
+    use http_body_util::Full;
+    use rebound::reconcile::Inquiry;
+
+    let shop = shop_that_resets().await;
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let check = {
+        let seen = seen.clone();
+        ReconcileLayer::with_request(tower::service_fn(move |q: Inquiry| {
+            seen.lock().unwrap().push((
+                q.method().clone(),
+                q.url().to_string(),
+                q.id().to_string(),
+            ));
+            async move {
+                Ok::<_, BoxError>(Check::Finished(Response::new(Full::new(
+                    bytes::Bytes::from_static(b"{\"id\":9}"),
+                ))))
+            }
+        }))
+    };
+    let client = fast().max_attempts(3).reconcile(check).build().unwrap();
+
+    // Through `send`: the check's body, in memory.
+    let mut url = shop.url("/orders?token=s3cret");
+    url = url.replacen("http://", "http://user:pw@", 1);
+    let res = bounded(client.send(order(url.clone()))).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert!(res.extensions().get::<Reconciled>().is_some());
+    assert_eq!(&body_of(res).await[..], b"{\"id\":9}");
+
+    // Through a JSON helper: decoded as its `T`.
+    let made: Order = bounded(client.post_json(url, &NewOrder { item: "tea" }))
+        .await
+        .unwrap();
+    assert_eq!(made, Order { id: 9 });
+
+    let posts = shop.requests_to("/orders");
+    assert_eq!(posts.len(), 2, "each write sent once");
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 2, "asked once per write: {seen:?}");
+    for ((method, shown, id), post) in seen.iter().zip(&posts) {
+        assert_eq!(method, http::Method::POST);
+        assert_eq!(shown, &format!("http://{}/orders", shop.addr()));
+        assert!(
+            !shown.contains("s3cret") && !shown.contains("pw"),
+            "{shown}"
+        );
+        assert_eq!(Some(id.as_str()), post.header("idempotency-key"));
+    }
+}
+
+/// A hedged response streams from the transport: a check whose body is not
+/// a rebound client's is refused when the client is built, not when a write
+/// is ambiguous.
+#[test]
+fn reconcile_a_hedged_client_refuses_a_check_with_a_foreign_body() {
+    use http_body_util::Full;
+    use rebound::hedge::HedgePolicy;
+
+    let check = ReconcileLayer::new(tower::service_fn(|_id: OperationId| async {
+        Ok::<_, BoxError>(Check::Finished(Response::new(Full::new(
+            bytes::Bytes::new(),
+        ))))
+    }));
+    let err = Client::builder()
+        .hedge(HedgePolicy::fixed(Duration::from_millis(50)))
+        .reconcile(check.clone())
+        .build()
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Config);
+    assert!(err.to_string().contains("reconcile check"), "{err}");
+    // Without the hedge it builds.
+    Client::builder().reconcile(check).build().unwrap();
+}

@@ -72,11 +72,21 @@
 //! retry loop and its hedge and above its per-attempt layers (attempt
 //! span, backoff, gate, adaptive limit, classifier), so those see the
 //! attempt as it was; its own retry loop does the retries.
-//! For the client, `Check::Finished` carries a `Response<ClientBody>` —
-//! what a rebound client returns for the status endpoint — and the client
-//! fits it to each stack (the JSON helpers read its body inside the check's
-//! timeout). The id is the `Idempotency-Key` the client gives every POST
-//! and PATCH.
+//! For the client, `Check::Finished` carries a `Response` with any body
+//! (`http_body::Body<Data = Bytes>`): another rebound client's answer from
+//! the status endpoint, or a response made from the caller's own records
+//! (a database row, a cache entry); the client reads it into memory inside
+//! the check's timeout. (A hedged client streams it, and so takes only a
+//! rebound client's `Response<ClientBody>`.) The id is the
+//! `Idempotency-Key` the client gives every POST and PATCH.
+//!
+//! # What the check is asked
+//!
+//! A check given to [`ReconcileLayer::new`] is a `Service<`[`OperationId`]`>`:
+//! the id alone. One given to [`ReconcileLayer::with_request`] is a
+//! `Service<`[`Inquiry`]`>`: the id, the write's method and its
+//! [redacted](RedactedUri) URL (no userinfo, no query string), so one
+//! check can tell `POST /orders` from `POST /refunds`.
 //!
 //! **On a stack of your own**, or around a client built with
 //! `max_attempts(1)`: `RetryLayer → ReconcileLayer → ClassifyLayer →
@@ -133,6 +143,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
@@ -147,7 +158,7 @@ use tower_service::Service;
 
 use crate::annotations::{Deadline, IdempotencyKey, Reason, Sent, Verdict};
 use crate::error::{BoxError, Error, ErrorKind};
-use crate::redact::RequestName;
+use crate::redact::{RedactedUri, RequestName};
 
 /// The check timeout when none is set: 5 seconds.
 pub const DEFAULT_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
@@ -198,6 +209,89 @@ pub struct Reconciled {
     pub id: OperationId,
 }
 
+/// What a status check built with [`ReconcileLayer::with_request`] is
+/// asked: the operation's id and the write it belongs to — its method and
+/// its [redacted](RedactedUri) URL (no userinfo, no query string), so one
+/// check can serve several endpoints, or look the operation up in a
+/// database or a cache by more than its id.
+#[derive(Clone)]
+pub struct Inquiry {
+    id: OperationId,
+    name: RequestName,
+}
+
+impl Inquiry {
+    /// An inquiry about `id`, for the write `req` (its method and URL are
+    /// kept; its headers and body are not).
+    pub fn new<B>(id: OperationId, req: &Request<B>) -> Self {
+        Inquiry {
+            id,
+            name: RequestName::of(req),
+        }
+    }
+
+    pub(crate) fn named(id: OperationId, name: RequestName) -> Self {
+        Inquiry { id, name }
+    }
+
+    /// The operation's id.
+    pub fn id(&self) -> &OperationId {
+        &self.id
+    }
+
+    /// The operation's id, consuming the inquiry.
+    pub fn into_id(self) -> OperationId {
+        self.id
+    }
+
+    /// The write's method.
+    pub fn method(&self) -> &http::Method {
+        self.name.method()
+    }
+
+    /// The write's URL, redacted: scheme, host, port and path, never
+    /// userinfo or the query string.
+    pub fn url(&self) -> RedactedUri {
+        RedactedUri::new(self.name.uri())
+    }
+}
+
+impl fmt::Debug for Inquiry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Inquiry")
+            .field("id", &self.id)
+            .field("request", &self.name)
+            .finish()
+    }
+}
+
+/// What a status check is called with: an [`OperationId`] alone (a check
+/// given to [`ReconcileLayer::new`]) or an [`Inquiry`] (one given to
+/// [`ReconcileLayer::with_request`]). Sealed: these two are all there is.
+pub trait CheckRequest: sealed::Sealed + Send + 'static {
+    /// The request for an inquiry.
+    #[doc(hidden)]
+    fn from_inquiry(inquiry: Inquiry) -> Self;
+}
+
+impl CheckRequest for OperationId {
+    fn from_inquiry(inquiry: Inquiry) -> Self {
+        inquiry.id
+    }
+}
+
+impl CheckRequest for Inquiry {
+    fn from_inquiry(inquiry: Inquiry) -> Self {
+        inquiry
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for super::OperationId {}
+    impl Sealed for super::Inquiry {}
+}
+
 /// What the status check found.
 #[derive(Debug)]
 pub enum Check<R> {
@@ -218,19 +312,34 @@ type IdFn = Arc<dyn Fn(&http::request::Parts) -> Option<OperationId> + Send + Sy
 /// Reconciles an ambiguous write with a status check `C` before the retry
 /// loop sends it again.
 ///
-/// `C` is a `tower::Service<OperationId, Response = Check<Response<B>>>`
-/// (e.g. `tower::service_fn`), cloned for each check.
+/// `C` is a `tower::Service<Q, Response = Check<Response<B>>>` (e.g.
+/// `tower::service_fn`), cloned for each check, where `Q` is
+/// [`OperationId`] ([`new`](Self::new)) or [`Inquiry`]
+/// ([`with_request`](Self::with_request): the id plus the write's method
+/// and redacted URL).
 ///
 /// See the [module docs](self) for an example and the placement.
-#[derive(Clone)]
-pub struct ReconcileLayer<C> {
+pub struct ReconcileLayer<C, Q = OperationId> {
     check: C,
     timeout: Duration,
     retry_when_ambiguous: bool,
     id: Option<IdFn>,
+    asks: PhantomData<fn() -> Q>,
 }
 
-impl<C> fmt::Debug for ReconcileLayer<C> {
+impl<C: Clone, Q> Clone for ReconcileLayer<C, Q> {
+    fn clone(&self) -> Self {
+        ReconcileLayer {
+            check: self.check.clone(),
+            timeout: self.timeout,
+            retry_when_ambiguous: self.retry_when_ambiguous,
+            id: self.id.clone(),
+            asks: PhantomData,
+        }
+    }
+}
+
+impl<C, Q> fmt::Debug for ReconcileLayer<C, Q> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ReconcileLayer")
             .field("check", &std::any::type_name::<C>())
@@ -242,16 +351,57 @@ impl<C> fmt::Debug for ReconcileLayer<C> {
 }
 
 impl<C> ReconcileLayer<C> {
-    /// A layer that asks `check` with the [`DEFAULT_CHECK_TIMEOUT`].
+    /// A layer that asks `check`, a `Service<`[`OperationId`]`>`, with the
+    /// [`DEFAULT_CHECK_TIMEOUT`].
     pub fn new(check: C) -> Self {
         ReconcileLayer {
             check,
             timeout: DEFAULT_CHECK_TIMEOUT,
             retry_when_ambiguous: false,
             id: None,
+            asks: PhantomData,
         }
     }
+}
 
+impl<C> ReconcileLayer<C, Inquiry> {
+    /// A layer that asks `check`, a `Service<`[`Inquiry`]`>` that sees the
+    /// write's method and redacted URL besides the id, with the
+    /// [`DEFAULT_CHECK_TIMEOUT`].
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use http::{Method, Response};
+    /// use http_body_util::Full;
+    /// use rebound_core::reconcile::{Check, Inquiry, ReconcileLayer};
+    /// use rebound_core::BoxError;
+    ///
+    /// // One check for two endpoints, answered from the caller's own
+    /// // records (a database, a cache) rather than another HTTP call.
+    /// let layer = ReconcileLayer::with_request(tower::service_fn(|q: Inquiry| async move {
+    ///     let found = match (q.method(), q.url().path()) {
+    ///         (&Method::POST, "/orders") => Some(format!("{{\"order\":\"{}\"}}", q.id())),
+    ///         _ => None,
+    ///     };
+    ///     Ok::<_, BoxError>(match found {
+    ///         Some(body) => Check::Finished(Response::new(Full::new(Bytes::from(body)))),
+    ///         None => Check::NotFound,
+    ///     })
+    /// }));
+    /// # let _ = layer;
+    /// ```
+    pub fn with_request(check: C) -> Self {
+        ReconcileLayer {
+            check,
+            timeout: DEFAULT_CHECK_TIMEOUT,
+            retry_when_ambiguous: false,
+            id: None,
+            asks: PhantomData,
+        }
+    }
+}
+
+impl<C, Q> ReconcileLayer<C, Q> {
     /// The check's own timeout (still bounded by the request's deadline).
     /// Default is [`DEFAULT_CHECK_TIMEOUT`] (5 s).
     ///
@@ -290,12 +440,26 @@ impl<C> ReconcileLayer<C> {
     /// replaced by `f(check)`: to erase the check's type, or to adapt the
     /// body of the responses it returns. `rebound::ClientBuilder::reconcile`
     /// uses it to fit one check to both of the client's stacks.
-    pub fn map_check<D>(self, f: impl FnOnce(C) -> D) -> ReconcileLayer<D> {
+    pub fn map_check<D>(self, f: impl FnOnce(C) -> D) -> ReconcileLayer<D, Q> {
         ReconcileLayer {
             check: f(self.check),
             timeout: self.timeout,
             retry_when_ambiguous: self.retry_when_ambiguous,
             id: self.id,
+            asks: PhantomData,
+        }
+    }
+
+    /// The same layer with its check replaced by `f(check)`, which asks
+    /// with another request type (`R`): how a check of either kind is
+    /// erased into one that takes an [`Inquiry`].
+    pub fn map_asking<D, R>(self, f: impl FnOnce(C) -> D) -> ReconcileLayer<D, R> {
+        ReconcileLayer {
+            check: f(self.check),
+            timeout: self.timeout,
+            retry_when_ambiguous: self.retry_when_ambiguous,
+            id: self.id,
+            asks: PhantomData,
         }
     }
 
@@ -311,8 +475,8 @@ impl<C> ReconcileLayer<C> {
     }
 }
 
-impl<S, C: Clone> Layer<S> for ReconcileLayer<C> {
-    type Service = Reconcile<S, C>;
+impl<S, C: Clone, Q> Layer<S> for ReconcileLayer<C, Q> {
+    type Service = Reconcile<S, C, Q>;
 
     fn layer(&self, inner: S) -> Self::Service {
         Reconcile {
@@ -330,13 +494,21 @@ impl<S, C: Clone> Layer<S> for ReconcileLayer<C> {
 ///
 /// The inner service's errors, as [`Error`]; an [`ErrorKind::Ambiguous`]
 /// error when the check cannot tell.
-#[derive(Clone)]
-pub struct Reconcile<S, C> {
+pub struct Reconcile<S, C, Q = OperationId> {
     inner: S,
-    layer: ReconcileLayer<C>,
+    layer: ReconcileLayer<C, Q>,
 }
 
-impl<S: fmt::Debug, C> fmt::Debug for Reconcile<S, C> {
+impl<S: Clone, C: Clone, Q> Clone for Reconcile<S, C, Q> {
+    fn clone(&self) -> Self {
+        Reconcile {
+            inner: self.inner.clone(),
+            layer: self.layer.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug, C, Q> fmt::Debug for Reconcile<S, C, Q> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Reconcile")
             .field("inner", &self.inner)
@@ -345,7 +517,7 @@ impl<S: fmt::Debug, C> fmt::Debug for Reconcile<S, C> {
     }
 }
 
-impl<S, C> Reconcile<S, C> {
+impl<S, C, Q> Reconcile<S, C, Q> {
     /// The inner service.
     pub fn get_ref(&self) -> &S {
         &self.inner
@@ -374,18 +546,19 @@ fn operation_id(parts: &http::request::Parts) -> Option<OperationId> {
     }
 }
 
-impl<S, C, B, ResB> Service<Request<B>> for Reconcile<S, C>
+impl<S, C, Q, B, ResB> Service<Request<B>> for Reconcile<S, C, Q>
 where
     S: Service<Request<B>, Response = Response<ResB>>,
     S::Error: Into<BoxError>,
-    C: Service<OperationId, Response = Check<Response<ResB>>> + Clone + Send + 'static,
+    Q: CheckRequest,
+    C: Service<Q, Response = Check<Response<ResB>>> + Clone + Send + 'static,
     C::Error: Into<BoxError>,
     C::Future: Send + 'static,
     ResB: Send + 'static,
 {
     type Response = Response<ResB>;
     type Error = Error;
-    type Future = future::ResponseFuture<S::Future, C, ResB>;
+    type Future = future::ResponseFuture<S::Future, C, ResB, Q>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
         self.inner
@@ -408,6 +581,7 @@ where
             deadline,
             retry_when_ambiguous: self.layer.retry_when_ambiguous,
             name: RequestName::of(&req),
+            asks: PhantomData,
         });
         let fut = self.inner.call(req);
         future::ResponseFuture::new(fut, pending)
@@ -429,53 +603,55 @@ fn ambiguous(id: &OperationId, why: &'static str, name: &RequestName) -> Error {
 pub mod future {
     use super::*;
 
-    pub(super) struct Pending<C> {
+    pub(super) struct Pending<C, Q> {
         pub(super) id: OperationId,
         pub(super) check: C,
         pub(super) timeout: Duration,
         pub(super) deadline: Option<tokio::time::Instant>,
         pub(super) retry_when_ambiguous: bool,
         pub(super) name: RequestName,
+        pub(super) asks: PhantomData<fn() -> Q>,
     }
 
     type Checking<R> = Pin<Box<dyn Future<Output = Result<Response<R>, Error>> + Send>>;
 
     pin_project! {
         /// The response future of [`Reconcile`](super::Reconcile).
-        pub struct ResponseFuture<F, C, R> {
+        pub struct ResponseFuture<F, C, R, Q = OperationId> {
             #[pin]
-            state: State<F, C, R>,
+            state: State<F, C, R, Q>,
         }
     }
 
     pin_project! {
         #[project = StateProj]
-        enum State<F, C, R> {
-            Called { #[pin] fut: F, pending: Option<Pending<C>> },
+        enum State<F, C, R, Q> {
+            Called { #[pin] fut: F, pending: Option<Pending<C, Q>> },
             Checking { fut: Checking<R> },
         }
     }
 
-    impl<F, C, R> fmt::Debug for ResponseFuture<F, C, R> {
+    impl<F, C, R, Q> fmt::Debug for ResponseFuture<F, C, R, Q> {
         fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
             f.debug_struct("reconcile::ResponseFuture")
                 .finish_non_exhaustive()
         }
     }
 
-    impl<F, C, R> ResponseFuture<F, C, R> {
-        pub(super) fn new(fut: F, pending: Option<Pending<C>>) -> Self {
+    impl<F, C, R, Q> ResponseFuture<F, C, R, Q> {
+        pub(super) fn new(fut: F, pending: Option<Pending<C, Q>>) -> Self {
             ResponseFuture {
                 state: State::Called { fut, pending },
             }
         }
     }
 
-    impl<F, C, R, E> Future for ResponseFuture<F, C, R>
+    impl<F, C, R, E, Q> Future for ResponseFuture<F, C, R, Q>
     where
         F: Future<Output = Result<Response<R>, E>>,
         E: Into<BoxError>,
-        C: Service<OperationId, Response = Check<Response<R>>> + Send + 'static,
+        Q: CheckRequest,
+        C: Service<Q, Response = Check<Response<R>>> + Send + 'static,
         C::Error: Into<BoxError>,
         C::Future: Send + 'static,
         R: Send + 'static,
@@ -511,12 +687,13 @@ pub mod future {
         }
     }
 
-    async fn run_check<C, R>(
-        p: Pending<C>,
+    async fn run_check<C, R, Q>(
+        p: Pending<C, Q>,
         outcome: Result<Response<R>, Error>,
     ) -> Result<Response<R>, Error>
     where
-        C: Service<OperationId, Response = Check<Response<R>>> + Send + 'static,
+        Q: CheckRequest,
+        C: Service<Q, Response = Check<Response<R>>> + Send + 'static,
         C::Error: Into<BoxError>,
         C::Future: Send + 'static,
     {
@@ -527,12 +704,14 @@ pub mod future {
             deadline,
             retry_when_ambiguous,
             name,
+            asks: _,
         } = p;
         let mut until = tokio::time::Instant::now() + timeout;
         if let Some(d) = deadline {
             until = until.min(d);
         }
-        let checked = match tokio::time::timeout_at(until, check.oneshot(id.clone())).await {
+        let asked = Q::from_inquiry(Inquiry::named(id.clone(), name.clone()));
+        let checked = match tokio::time::timeout_at(until, check.oneshot(asked)).await {
             Ok(Ok(check)) => Ok(check),
             Ok(Err(_)) => Err("the check failed"),
             Err(_) => Err("the check timed out"),
@@ -600,16 +779,17 @@ pub(crate) type Asked = Pin<
 #[cfg(feature = "stack")]
 #[derive(Clone)]
 pub(crate) struct ReconcileHook {
-    check: Arc<dyn Fn(OperationId) -> CheckFuture + Send + Sync>,
+    check: Arc<dyn Fn(Inquiry) -> CheckFuture + Send + Sync>,
     timeout: Duration,
     retry_when_ambiguous: bool,
     id: Option<IdFn>,
 }
 
 #[cfg(feature = "stack")]
-impl<C> ReconcileLayer<C>
+impl<C, Q> ReconcileLayer<C, Q>
 where
-    C: Service<OperationId, Response = Check<Response<crate::collect::CollectedBody>>>
+    Q: CheckRequest,
+    C: Service<Q, Response = Check<Response<crate::collect::CollectedBody>>>
         + Clone
         + Send
         + Sync
@@ -621,9 +801,10 @@ where
     pub(crate) fn hook(self) -> ReconcileHook {
         let check = self.check;
         ReconcileHook {
-            check: Arc::new(move |id| {
+            check: Arc::new(move |inquiry| {
                 let check = check.clone();
-                Box::pin(async move { check.oneshot(id).await.map_err(Into::into) })
+                let asked = Q::from_inquiry(inquiry);
+                Box::pin(async move { check.oneshot(asked).await.map_err(Into::into) })
             }),
             timeout: self.timeout,
             retry_when_ambiguous: self.retry_when_ambiguous,
@@ -657,10 +838,16 @@ impl ReconcileHook {
         )
     }
 
-    /// Ask the check about `id`, within its timeout and `deadline`.
-    pub(crate) fn ask(&self, id: OperationId, deadline: tokio::time::Instant) -> Asked {
+    /// Ask the check about `id`, for the write `name`, within its timeout
+    /// and `deadline`.
+    pub(crate) fn ask(
+        &self,
+        id: OperationId,
+        name: RequestName,
+        deadline: tokio::time::Instant,
+    ) -> Asked {
         let until = (tokio::time::Instant::now() + self.timeout).min(deadline);
-        let checked = (self.check)(id);
+        let checked = (self.check)(Inquiry::named(id, name));
         Box::pin(async move {
             match tokio::time::timeout_at(until, checked).await {
                 Ok(Ok(check)) => Ok(check),

@@ -166,6 +166,18 @@ impl RequestName {
         }
     }
 
+    /// The request's method.
+    pub fn method(&self) -> &http::Method {
+        &self.method
+    }
+
+    /// The request's URI, unredacted: for this crate's own use (checks and
+    /// errors redact it), never shown.
+    #[cfg(feature = "reconcile")]
+    pub(crate) fn uri(&self) -> &Uri {
+        &self.uri
+    }
+
     /// `err`, named with this request (a request already named is kept).
     pub fn name(&self, err: crate::Error) -> crate::Error {
         err.with_request(&self.method, &self.uri)

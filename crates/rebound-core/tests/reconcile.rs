@@ -306,3 +306,38 @@ fn zero_check_timeout_panics_naming_it() {
     });
     let _ = ReconcileLayer::new(check).check_timeout(Duration::ZERO);
 }
+
+/// A check built with `with_request` sees the write's method and its URL
+/// with the query string left out, besides the id.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_check_with_the_request_sees_method_and_redacted_url() {
+    use rebound_core::reconcile::Inquiry;
+
+    let (seen, inner) = server(&[502, 201]);
+    let asked = Arc::new(Mutex::new(Vec::new()));
+    let check = {
+        let asked = asked.clone();
+        tower::service_fn(move |q: Inquiry| {
+            let line = format!("{} {} {}", q.method(), q.url(), q.id());
+            assert_eq!(q.into_id().as_str(), "op-1");
+            asked.lock().unwrap().push(line);
+            async { Ok::<_, BoxError>(found()) }
+        })
+    };
+    let mut svc = stack!(ReconcileLayer::with_request(check), inner);
+    let res = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(post(Some("op-1")))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert!(res.extensions().get::<Reconciled>().is_some());
+    assert_eq!(seen.lock().unwrap().len(), 1, "exactly one write");
+    assert_eq!(
+        *asked.lock().unwrap(),
+        vec!["POST http://shop.example/orders op-1".to_owned()],
+        "no query string"
+    );
+}

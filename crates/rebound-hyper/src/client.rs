@@ -178,6 +178,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::{Request, Response, Uri};
 use hyper::body::Incoming;
 use rebound_core::attempt_timeout::AttemptTimeoutLayer;
@@ -199,7 +200,7 @@ use rebound_core::limit::{
     AdaptiveLimitLayer, AdaptiveLimiter, Aimd, ConcurrencyLimitLayer, ConcurrencyLimiter, LimitBody,
 };
 use rebound_core::ratelimit::RateLimitLayer;
-use rebound_core::reconcile::{Check, OperationId, ReconcileLayer};
+use rebound_core::reconcile::{Check, CheckRequest, Inquiry, ReconcileLayer};
 use rebound_core::redact::PathRedaction;
 use rebound_core::retry::{RetryBudget, RetryLayer, RetryPolicy};
 use rebound_core::retry_after::{OverCap, RetryAfterLayer};
@@ -465,7 +466,7 @@ type CheckFuture<R> = Pin<Box<dyn Future<Output = Result<Check<R>, BoxError>> + 
 /// each call drives a clone of the user's check with
 /// [`Oneshot`](tower::util::Oneshot) (readiness first) in one boxed future.
 pub(crate) struct SharedCheck<R> {
-    call: Arc<dyn Fn(OperationId) -> CheckFuture<R> + Send + Sync>,
+    call: Arc<dyn Fn(Inquiry) -> CheckFuture<R> + Send + Sync>,
 }
 
 impl<R> Clone for SharedCheck<R> {
@@ -476,13 +477,60 @@ impl<R> Clone for SharedCheck<R> {
     }
 }
 
+/// Whether a check answering with bodies of type `B` answers with
+/// something other than a [`ClientBody`].
+fn check_is_foreign<B: 'static>() -> bool {
+    std::any::TypeId::of::<B>() != std::any::TypeId::of::<ClientBody>()
+}
+
+/// The body of a status check's answer: a rebound client's, or any other
+/// (a database's record, a cache's entry, another HTTP client's body).
+// Only on a check's path (rare, and boxed itself): not worth a box more.
+#[allow(clippy::large_enum_variant)]
+enum CheckBody {
+    Client(ClientBody),
+    Foreign(http_body_util::combinators::UnsyncBoxBody<Bytes, Error>),
+}
+
+impl CheckBody {
+    /// The whole body, at most `max_bytes` of it.
+    async fn read(self, max_bytes: usize) -> Result<Bytes, BoxError> {
+        let body = match self {
+            CheckBody::Client(body) => http_body_util::BodyExt::boxed_unsync(body),
+            CheckBody::Foreign(body) => body,
+        };
+        let limited = http_body_util::Limited::new(body, max_bytes);
+        Ok(http_body_util::BodyExt::collect(limited).await?.to_bytes())
+    }
+
+    fn of<B>(body: B) -> Self
+    where
+        B: http_body::Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        let mut slot = Some(body);
+        if let Some(client) = (&mut slot as &mut dyn std::any::Any)
+            .downcast_mut::<Option<ClientBody>>()
+            .and_then(Option::take)
+        {
+            return CheckBody::Client(client);
+        }
+        match slot {
+            Some(body) => CheckBody::Foreign(http_body_util::BodyExt::boxed_unsync(
+                http_body_util::BodyExt::map_err(body, |e| Error::from_boxed(e.into())),
+            )),
+            None => unreachable!("taken only as a ClientBody"),
+        }
+    }
+}
+
 impl<R> fmt::Debug for SharedCheck<R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SharedCheck").finish_non_exhaustive()
     }
 }
 
-impl<R> Service<OperationId> for SharedCheck<R> {
+impl<R> Service<Inquiry> for SharedCheck<R> {
     type Response = Check<R>;
     type Error = BoxError;
     type Future = CheckFuture<R>;
@@ -491,8 +539,8 @@ impl<R> Service<OperationId> for SharedCheck<R> {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, id: OperationId) -> Self::Future {
-        (self.call)(id)
+    fn call(&mut self, inquiry: Inquiry) -> Self::Future {
+        (self.call)(inquiry)
     }
 }
 
@@ -551,22 +599,27 @@ fn map_finished<R, T>(check: Check<R>, f: impl FnOnce(R) -> T) -> Check<T> {
     }
 }
 
-impl SharedCheck<Response<ClientBody>> {
-    /// The user's check, erased.
-    fn of<C>(check: C) -> Self
+impl SharedCheck<Response<CheckBody>> {
+    /// The user's check, erased: asked with whichever request it takes,
+    /// its answer's body kept as it is when it is a [`ClientBody`], boxed
+    /// otherwise.
+    fn of<C, Q, B>(check: C) -> Self
     where
-        C: Service<OperationId, Response = Check<Response<ClientBody>>>
-            + Clone
-            + Send
-            + Sync
-            + 'static,
+        Q: CheckRequest,
+        C: Service<Q, Response = Check<Response<B>>> + Clone + Send + Sync + 'static,
         C::Error: Into<BoxError>,
         C::Future: Send + 'static,
+        B: http_body::Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
     {
         SharedCheck {
-            call: Arc::new(move |id| {
+            call: Arc::new(move |inquiry| {
                 let check = check.clone();
-                Box::pin(async move { check.oneshot(id).await.map_err(Into::into) })
+                let asked = Q::from_inquiry(inquiry);
+                Box::pin(async move {
+                    let checked = check.oneshot(asked).await.map_err(Into::into)?;
+                    Ok(map_finished(checked, |res| res.map(CheckBody::of)))
+                })
             }),
         }
     }
@@ -578,12 +631,25 @@ impl SharedCheck<Response<ClientBody>> {
     fn streaming(&self) -> SharedCheck<Response<ResponseBody<Incoming>>> {
         let inner = self.clone();
         SharedCheck {
-            call: Arc::new(move |id| {
-                let checked = (inner.call)(id);
+            call: Arc::new(move |inquiry| {
+                let checked = (inner.call)(inquiry);
                 Box::pin(async move {
-                    Ok(map_finished(checked.await?, |res| {
-                        res.map(ClientBody::into_transport)
-                    }))
+                    match checked.await? {
+                        Check::Finished(res) => {
+                            let (parts, body) = res.into_parts();
+                            match body {
+                                CheckBody::Client(body) => Ok(Check::Finished(
+                                    Response::from_parts(parts, body.into_transport()),
+                                )),
+                                // `build` refuses a hedged client with such a check.
+                                CheckBody::Foreign(_) => Err(BoxError::from(
+                                    "a streamed reconcile check must answer with a rebound Client's response",
+                                )),
+                            }
+                        }
+                        Check::NotFound => Ok(Check::NotFound),
+                        Check::Unknown => Ok(Check::Unknown),
+                    }
                 })
             }),
         }
@@ -595,17 +661,13 @@ impl SharedCheck<Response<ClientBody>> {
     fn collecting(&self, max_bytes: usize) -> SharedCheck<Response<CollectedBody>> {
         let inner = self.clone();
         SharedCheck {
-            call: Arc::new(move |id| {
-                let checked = (inner.call)(id);
+            call: Arc::new(move |inquiry| {
+                let checked = (inner.call)(inquiry);
                 Box::pin(async move {
                     match checked.await? {
                         Check::Finished(res) => {
                             let (parts, body) = res.into_parts();
-                            let bytes = http_body_util::BodyExt::collect(
-                                http_body_util::Limited::new(body, max_bytes),
-                            )
-                            .await?
-                            .to_bytes();
+                            let bytes = body.read(max_bytes).await?;
                             Ok(Check::Finished(Response::from_parts(
                                 parts,
                                 CollectedBody::new(bytes),
@@ -662,7 +724,10 @@ pub struct ClientBuilder {
     idempotency: Option<IdempotencyKeyLayer>,
     hedge: HedgePolicy,
     fallback: Option<FallbackLayer>,
-    reconcile: Option<ReconcileLayer<SharedCheck<Response<ClientBody>>>>,
+    reconcile: Option<ReconcileLayer<SharedCheck<Response<CheckBody>>, Inquiry>>,
+    /// Whether the reconcile check answers with a body other than a
+    /// [`ClientBody`] (which a hedged client cannot hand on).
+    reconcile_foreign_body: bool,
     replay_cap: usize,
     max_response_body: usize,
     trace: TraceLayer,
@@ -701,6 +766,7 @@ impl Default for ClientBuilder {
             hedge: HedgePolicy::off(),
             fallback: None,
             reconcile: None,
+            reconcile_foreign_body: false,
             replay_cap: DEFAULT_REPLAY_BUFFER_CAP,
             max_response_body: DEFAULT_MAX_RESPONSE_BODY,
             trace: TraceLayer::new(),
@@ -1148,24 +1214,31 @@ impl ClientBuilder {
     ///   nothing is sent again;
     /// * [`Check::NotFound`]: the retry goes ahead, with the same key;
     /// * [`Check::Unknown`], a failed check, or one over its timeout: an
-    ///   [`ErrorKind::Ambiguous`] error that carries the [`OperationId`]
+    ///   [`ErrorKind::Ambiguous`] error that carries the [`OperationId`](rebound_core::reconcile::OperationId)
     ///   (unless [`retry_when_ambiguous`](ReconcileLayer::retry_when_ambiguous)).
     ///
     /// A request that was never sent (a refused connection) is retried
     /// with no check; one without an operation id is never checked.
     ///
-    /// The check is any `tower::Service<OperationId>` (e.g.
-    /// `tower::service_fn`; `Clone + Send + Sync`, cloned per check) whose
-    /// [`Check::Finished`] carries a `Response<`[`ClientBody`]`>`: the
-    /// answer of the status endpoint (`GET /operations/{id}`) as another
-    /// rebound [`Client`] returns it. That is the body type the client can
-    /// hand on: from [`send`](Client::send), the caller gets the check's
-    /// response with its transport body, under this request's permit,
-    /// deadline and span (the check client's own wrappers are taken off);
-    /// from the JSON helpers, its body is read inside the check's timeout
-    /// (at most [`max_response_body`](Self::max_response_body), else the
-    /// check failed) and decoded as the helper's `T`. A check that learns
-    /// the outcome some other way can still answer `NotFound` or `Unknown`.
+    /// The check is any `tower::Service` (e.g. `tower::service_fn`;
+    /// `Clone + Send + Sync`, cloned per check) asked with the
+    /// [`OperationId`](rebound_core::reconcile::OperationId) ([`ReconcileLayer::new`]) or with an
+    /// [`Inquiry`] that also gives the write's method and redacted URL
+    /// ([`ReconcileLayer::with_request`]). Its [`Check::Finished`] carries
+    /// a `Response` with any body (`http_body::Body<Data = Bytes>`): the
+    /// answer of the status endpoint as another rebound [`Client`] returns
+    /// it, or one made from a database row or a cache entry
+    /// (`http_body_util::Full`). The body is read inside the check's
+    /// timeout (at most [`max_response_body`](Self::max_response_body),
+    /// else the check failed) and the caller gets it in memory, under
+    /// this request's deadline and span; the JSON helpers decode it as
+    /// their `T`.
+    ///
+    /// With a [hedge](Self::hedge) on, the response streams instead (the
+    /// check client's own wrappers taken off, this request's put on), so
+    /// the check must answer with a `Response<`[`ClientBody`]`>`;
+    /// [`build`](Self::build) refuses any other body with a configuration
+    /// error.
     ///
     /// It sits below the retry loop and the hedge (the check comes after an
     /// attempt's outcome and before the loop's decision; it never repeats
@@ -1178,17 +1251,18 @@ impl ClientBuilder {
     ///
     /// Default: none, and then it is not in the stack at all (an `Either`
     /// branch): a request pays nothing for it.
-    pub fn reconcile<C>(mut self, layer: ReconcileLayer<C>) -> Self
+    pub fn reconcile<C, Q, B>(mut self, layer: ReconcileLayer<C, Q>) -> Self
     where
-        C: Service<OperationId, Response = Check<Response<ClientBody>>>
-            + Clone
-            + Send
-            + Sync
-            + 'static,
+        Q: CheckRequest,
+        C: Service<Q, Response = Check<Response<B>>> + Clone + Send + Sync + 'static,
         C::Error: Into<BoxError>,
         C::Future: Send + 'static,
+        B: http_body::Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
     {
-        self.reconcile = Some(layer.map_check(SharedCheck::of));
+        let check = layer.map_asking(SharedCheck::of::<C, Q, B>);
+        self.reconcile_foreign_body = check_is_foreign::<B>();
+        self.reconcile = Some(check);
         self
     }
 
@@ -1356,6 +1430,11 @@ impl ClientBuilder {
         // A hedge, a fallback or a reconcile check still runs on the
         // layered stack; every other client runs on the one-service stack.
         let layered = !self.hedge.is_off();
+        if layered && self.reconcile.is_some() && self.reconcile_foreign_body {
+            return Err(Error::config(
+                "a hedged client's reconcile check must answer with a rebound Client's response (Response<ClientBody>): a hedged response streams from the transport; switch the hedge off to answer the check with any other body",
+            ));
+        }
         let propagation = self.propagation();
         let total = timeouts.total;
         let deadline = DeadlineLayer::try_new(total)?;

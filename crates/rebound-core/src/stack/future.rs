@@ -826,7 +826,8 @@ where
         // looked up before the loop decides (only when configured).
         if let (Some(hook), Some(id)) = (&r.cfg.reconcile, &r.operation) {
             if ReconcileHook::wants(&out) {
-                let check = hook.ask(id.clone(), r.deadline);
+                let name = r.request_name().expect("an attempt has a name");
+                let check = hook.ask(id.clone(), name, r.deadline);
                 return Flow::Go(
                     State::Reconciling {
                         check,

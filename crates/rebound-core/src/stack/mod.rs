@@ -172,7 +172,7 @@ use crate::idempotency::IdempotencyKeyLayer;
 use crate::limit::{
     AdaptiveLimitLayer, AdaptiveLimiter, ConcurrencyLimitLayer, ConcurrencyLimiter,
 };
-use crate::reconcile::{Check, OperationId, ReconcileHook, ReconcileLayer};
+use crate::reconcile::{Check, CheckRequest, ReconcileHook, ReconcileLayer};
 use crate::retry::{RetryLayer, RetryPolicy};
 use crate::retry_after::RetryAfterLayer;
 use crate::shutdown::ShutdownHandle;
@@ -391,13 +391,10 @@ impl<C: Clone> StackLayer<C> {
     /// [`ReconcileLayer`]). The check's responses are in memory: a
     /// reconciled response's body is one the check already read. `None`
     /// (the default): no check.
-    pub fn reconcile<K>(self, reconcile: Option<ReconcileLayer<K>>) -> Self
+    pub fn reconcile<K, Q>(self, reconcile: Option<ReconcileLayer<K, Q>>) -> Self
     where
-        K: Service<OperationId, Response = Check<Response<CollectedBody>>>
-            + Clone
-            + Send
-            + Sync
-            + 'static,
+        Q: CheckRequest,
+        K: Service<Q, Response = Check<Response<CollectedBody>>> + Clone + Send + Sync + 'static,
         K::Error: Into<BoxError>,
         K::Future: Send + 'static,
     {
