@@ -159,3 +159,59 @@ async fn only_declared_grpc_methods_are_eligible() {
     assert_eq!(seen.len(), 1);
     assert_eq!(seen[0].1, None);
 }
+
+/// gRFC A6's transparent retry: a call that never left the client (here a
+/// refused connection, `Sent::NotSent`) is sent once more outside the
+/// attempt count — for a gRPC call only, and only once.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_grpc_call_never_sent_gets_one_transparent_retry() {
+    use rebound_core::{Error, ErrorKind};
+
+    async fn attempts(refusals: usize, grpc: bool) -> (usize, Result<u32, ErrorKind>) {
+        let n = Arc::new(Mutex::new(0usize));
+        let inner = {
+            let n = n.clone();
+            tower::service_fn(move |_req: Request<Full<Bytes>>| {
+                let mut n = n.lock().unwrap();
+                *n += 1;
+                let refuse = *n <= refusals;
+                async move {
+                    if refuse {
+                        return Err(BoxError::from(Error::new(ErrorKind::Connect)));
+                    }
+                    Ok::<_, BoxError>(
+                        Response::builder()
+                            .header("content-type", "application/grpc")
+                            .header("grpc-status", "0")
+                            .body(Full::new(Bytes::new()))
+                            .unwrap(),
+                    )
+                }
+            })
+        };
+        let mut svc = ServiceBuilder::new()
+            .layer(RetryLayer::new(RetryPolicy::default().max_attempts(2)))
+            .layer(ClassifyLayer::new(GrpcClassifier::default()))
+            .service(inner);
+        // Not a method marked retryable: only never-sent calls go again.
+        let out = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(call("/kv.Store/Put", grpc))
+            .await;
+        let made = *n.lock().unwrap();
+        (
+            made,
+            out.map(|r| Attempts::of(r.extensions()))
+                .map_err(|e| e.kind()),
+        )
+    }
+
+    // Two refusals with max_attempts(2): the third, transparent, attempt works.
+    assert_eq!(attempts(2, true).await, (3, Ok(3)));
+    // Only once: three refusals end the call.
+    assert_eq!(attempts(3, true).await, (3, Err(ErrorKind::Connect)));
+    // A plain HTTP request keeps its count.
+    assert_eq!(attempts(2, false).await, (2, Err(ErrorKind::Connect)));
+}

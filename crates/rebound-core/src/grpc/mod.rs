@@ -88,9 +88,16 @@
 //! (by `/package.Service/Method`, by service, with a default) with the
 //! [`Idempotent`](crate::Idempotent) annotation, which the retry layer
 //! reads. A call that was never sent (connect refused, `REFUSED_STREAM`,
-//! `GOAWAY` above the last stream id) is retried whatever the method —
-//! within the same bounds as any retry (attempts, budget, deadline), where
-//! gRFC A6 makes one transparent retry outside them.
+//! `GOAWAY` above the last stream id) is retried whatever the method,
+//! within the same bounds as any retry (attempts, budget, deadline) —
+//! and, as gRFC A6's **transparent retry**, once more when its attempts
+//! are used up: a gRPC call (`content-type: application/grpc…`) whose last
+//! attempt was never sent gets one extra attempt outside the count (still
+//! within the budget and the deadline; [`Attempts`](crate::Attempts)
+//! counts it). A6 retries transparently without limit while nothing
+//! reaches the server; rebound does it once, so that a host that refuses
+//! every connection is not hammered. It needs a retry to be possible at
+//! all (`max_attempts` ≥ 2, so that the request's body is kept).
 //!
 //! # Deadlines that travel
 //!

@@ -102,6 +102,9 @@ pub(crate) struct Replay<S, B: RetryBody> {
     /// Whether the attempt in flight took a token from the budget (a retry
     /// the server invited with a Retry-After takes none).
     pub(crate) withdrew: bool,
+    /// Whether the one transparent retry of a gRPC call that was never
+    /// sent (gRFC A6) has been made.
+    pub(crate) transparent: bool,
 }
 
 /// Reads a discarded response body, bounded in bytes, so its connection can
@@ -235,6 +238,7 @@ where
             },
             attempt: 1,
             withdrew: false,
+            transparent: false,
         };
         (Request::from_parts(parts, body), replay)
     }
@@ -362,7 +366,24 @@ where
             return Decision::Return(self.finish(outcome, Some(RetryStop::NotEligible)));
         }
         if n >= self.policy.max_attempts {
-            return Decision::Return(self.finish(outcome, Some(RetryStop::Attempts)));
+            // gRFC A6's transparent retry: a gRPC call that never left the
+            // client (connect refused, REFUSED_STREAM, GOAWAY above its
+            // stream) is sent once more outside the attempt count; the
+            // budget, the deadline and the backoff still apply.
+            let transparent = sent == Sent::NotSent
+                && !self.transparent
+                && self
+                    .template
+                    .as_ref()
+                    .is_some_and(|(parts, _)| crate::classify::is_grpc(&parts.headers));
+            if !transparent {
+                return Decision::Return(self.finish(outcome, Some(RetryStop::Attempts)));
+            }
+            self.transparent = true;
+            tracing::debug!(
+                attempt = n,
+                "retry: a gRPC call that was never sent gets one transparent retry"
+            );
         }
         let hint = ext.get::<RetryAfterHint>().map(|h| h.0);
         let proposed = match (ext.get::<ProposedDelay>(), hint) {
