@@ -479,3 +479,58 @@ async fn tonics_set_timeout_becomes_the_deadline_with_the_inbound_layer_on_top()
     })
     .await
 }
+
+/// Issue 20: the bundle for a `Channel`, `StackLayer::grpc(methods)`, gets
+/// the order right in one call: each method's policy, the time left as
+/// `grpc-timeout`, no `Idempotency-Key` on gRPC calls, a method not marked
+/// called once.
+#[tokio::test]
+async fn the_stack_layers_grpc_bundle_around_a_channel() {
+    use rebound::grpc::MethodPolicy;
+    use rebound::stack::StackLayer;
+
+    within(async {
+        let server = GrpcServer::start(|path, n| match (path, n) {
+            (SAY, 0..=2) => Reply::status(tonic::Code::ResourceExhausted),
+            (CHARGE, _) => Reply::status(tonic::Code::Unavailable),
+            _ => Reply::ok("pong"),
+        })
+        .await
+        .unwrap();
+        let bundle = StackLayer::new()
+            .deadline(DeadlineLayer::new(Duration::from_secs(10)))
+            .backoff(BackoffLayer::new(Backoff::exponential(
+                Duration::from_millis(10),
+                Duration::from_millis(50),
+            )))
+            .grpc(
+                RetryableMethods::none().service_policy(
+                    "test.Echo",
+                    MethodPolicy::new()
+                        .max_attempts(5)
+                        .retryable_codes([Code::UNAVAILABLE, Code::RESOURCE_EXHAUSTED]),
+                ),
+            );
+        let svc = ServiceBuilder::new()
+            .layer(IntoStatusLayer::new())
+            .layer(bundle)
+            .service(channel(server.uri()));
+        let mut client = TestClient::new(svc);
+
+        let res = client.unary(SAY, Bytes::new()).await.unwrap();
+        assert_eq!(res.get_ref(), "pong");
+        let calls = server.calls_to(SAY);
+        assert_eq!(calls.len(), 4, "three RESOURCE_EXHAUSTED retried, then OK");
+        for call in &calls {
+            let left = parse_grpc_timeout(&call.grpc_timeout().unwrap().parse().unwrap()).unwrap();
+            assert!(left <= Duration::from_secs(10), "{left:?}");
+            assert!(!call.headers.contains_key("idempotency-key"));
+        }
+
+        // Billing is not marked: called once, however retryable its code.
+        let status = client.unary(CHARGE, Bytes::new()).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unavailable);
+        assert_eq!(server.calls_to(CHARGE).len(), 1);
+    })
+    .await
+}

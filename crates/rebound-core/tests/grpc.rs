@@ -215,3 +215,88 @@ async fn a_grpc_call_never_sent_gets_one_transparent_retry() {
     // A plain HTTP request keeps its count.
     assert_eq!(attempts(2, false).await, (2, Err(ErrorKind::Connect)));
 }
+
+/// gRFC A6's per-method retry policy: each method's attempts and codes, not
+/// one set for the classifier.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn each_method_has_its_own_attempts_and_codes() {
+    use rebound_core::grpc::MethodPolicy;
+
+    async fn run_with(
+        methods: RetryableMethods,
+        statuses: Vec<(&'static str, Option<&'static str>)>,
+        path: &str,
+    ) -> (usize, Option<RetryStop>, String) {
+        let seen = Seen::default();
+        let mut svc = ServiceBuilder::new()
+            .layer(MarkRetryableLayer::new(methods))
+            .layer(RetryLayer::new(RetryPolicy::default().max_attempts(3)))
+            .layer(RetryAfterLayer::new())
+            // The classifier's own set: UNAVAILABLE only.
+            .layer(ClassifyLayer::new(GrpcClassifier::default()))
+            .service(server(statuses, seen.clone()));
+        let res = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(call(path, true))
+            .await
+            .unwrap();
+        let stop = res.extensions().get::<RetryStop>().copied();
+        let status = res.headers()["grpc-status"].to_str().unwrap().to_owned();
+        let n = seen.lock().unwrap().len();
+        (n, stop, status)
+    }
+    let methods = RetryableMethods::none()
+        .service_policy(
+            "kv.Store",
+            MethodPolicy::new()
+                .max_attempts(5)
+                .retryable_codes([Code::UNAVAILABLE, Code::RESOURCE_EXHAUSTED]),
+        )
+        .method_policy(
+            "/kv.Store/Put",
+            MethodPolicy::new()
+                .max_attempts(2)
+                .retryable_codes([Code::ABORTED]),
+        )
+        .service("echo.Echo");
+    let eights = vec![("8", None); 4];
+
+    // kv.Store: RESOURCE_EXHAUSTED is retried, five attempts.
+    assert_eq!(
+        run_with(methods.clone(), eights.clone(), "/kv.Store/Get").await,
+        (5, None, "0".into())
+    );
+    // Its Put: ABORTED only, two attempts; RESOURCE_EXHAUSTED is fatal.
+    assert_eq!(
+        run_with(methods.clone(), eights.clone(), "/kv.Store/Put").await,
+        (1, Some(RetryStop::Fatal), "8".into())
+    );
+    assert_eq!(
+        run_with(methods.clone(), vec![("10", None); 4], "/kv.Store/Put").await,
+        (2, Some(RetryStop::Attempts), "10".into())
+    );
+    // echo.Echo, retryable without a policy: the classifier's codes and
+    // the layer's three attempts.
+    assert_eq!(
+        run_with(methods.clone(), eights, "/echo.Echo/Say").await,
+        (1, Some(RetryStop::Fatal), "8".into())
+    );
+    assert_eq!(
+        run_with(methods.clone(), vec![("14", None); 4], "/echo.Echo/Say").await,
+        (3, Some(RetryStop::Attempts), "14".into())
+    );
+    // A negative pushback still stops a code the method retries.
+    assert_eq!(
+        run_with(methods, vec![("8", Some("-1")); 4], "/kv.Store/Get").await,
+        (1, Some(RetryStop::Fatal), "8".into())
+    );
+}
+
+#[test]
+fn a_method_policy_of_zero_attempts_is_refused() {
+    use rebound_core::grpc::MethodPolicy;
+    let err = MethodPolicy::new().try_max_attempts(0).unwrap_err();
+    assert!(err.to_string().contains("max_attempts"), "{err}");
+}

@@ -64,12 +64,12 @@
 //! | [`AttemptTimeoutLayer`] | time to the response head, per attempt | [`attempt_timeout`](ClientBuilder::attempt_timeout) |
 //! | [`HyperTransport`] | connect and TLS timeouts, body idle / rate timeouts, HTTP/2 keep-alive PING; retires an HTTP/2 connection whose attempt timed out | [`connect_timeout`](ClientBuilder::connect_timeout), [`http2_keep_alive_interval`](ClientBuilder::http2_keep_alive_interval), ... |
 //!
-//! For gRPC, add [`http2_prior_knowledge`](ClientBuilder::http2_prior_knowledge)
-//! (plain-text servers) and a
-//! [`GrpcClassifier`](rebound_core::grpc::GrpcClassifier); a committed
-//! call's final status in the trailers is not classified by this client
-//! (stack [`GrpcTrailersLayer`](rebound_core::grpc::GrpcTrailersLayer)
-//! yourself to trace it).
+//! For gRPC, [`grpc`](ClientBuilder::grpc) sets it all up in one call:
+//! HTTP/2 with prior knowledge, the
+//! [`GrpcClassifier`](rebound_core::grpc::GrpcClassifier), the methods
+//! that may be retried with their own policies, `grpc-timeout` on every
+//! attempt, and a committed call's final status read from its trailers
+//! onto the request span (as [`GrpcTrailersLayer`] does).
 //!
 //! A layer that is off is not there: a field of the one service that is
 //! `None`, costing a branch (no semaphore for a concurrency limit not set,
@@ -186,7 +186,10 @@ use rebound_core::backoff::{Backoff, BackoffLayer};
 use rebound_core::breaker::{CircuitBreakerConfig, CircuitBreakerLayer};
 use rebound_core::cancel::CancelLayer;
 use rebound_core::classify::{ClassifyLayer, HttpClassifier};
-use rebound_core::grpc::{MarkRetryableLayer, PropagateDeadlineLayer, RetryableMethods};
+use rebound_core::grpc::{
+    GrpcTrailersBody, GrpcTrailersLayer, MarkRetryableLayer, PropagateDeadlineLayer,
+    RetryableMethods,
+};
 use tower::util::option_layer;
 
 use crate::classifier::{AnyClassifier, ClientClassifier};
@@ -278,7 +281,8 @@ enum ClientBodyInner {
 }
 
 /// The layered stack's response body.
-pub(crate) type LayeredBody = TraceBody<DeadlineBody<LimitBody<ResponseBody<Incoming>>>>;
+pub(crate) type LayeredBody =
+    TraceBody<GrpcTrailersBody<DeadlineBody<LimitBody<ResponseBody<Incoming>>>>>;
 
 impl ClientBody {
     fn stack(body: StackBody<Incoming>) -> Self {
@@ -312,7 +316,7 @@ impl ClientBody {
                     .unwrap_or_else(|| unreachable!("a streamed response"));
                 ResponseBody::new(body, timeouts).tracked(open)
             }
-            ClientBodyInner::Layered(b) => b.into_inner().into_inner().into_inner(),
+            ClientBodyInner::Layered(b) => b.into_inner().into_inner().into_inner().into_inner(),
             ClientBodyInner::LayeredCollected(_) => unreachable!("a streamed response"),
         }
     }
@@ -942,6 +946,51 @@ impl ClientBuilder {
         self
     }
 
+    /// A client for gRPC, set up in the order that works: HTTP/2 only
+    /// ([`http2_prior_knowledge`](Self::http2_prior_knowledge), as gRPC
+    /// needs over plain text; TLS negotiates `h2` as well), the
+    /// [`GrpcClassifier`](rebound_core::grpc::GrpcClassifier) (gRFC A6: the
+    /// status in the head, a committed call never retried),
+    /// `methods` retryable — each with its own
+    /// [policy](rebound_core::grpc::MethodPolicy) of attempts and codes
+    /// where given — (as [`grpc_retryable_methods`](Self::grpc_retryable_methods)),
+    /// the time left as `grpc-timeout` on every attempt, and the final
+    /// status of a committed call read from its trailers onto the request
+    /// span (as [`GrpcTrailersLayer`]).
+    /// A call that was never sent is retried whatever the method, and once
+    /// more outside the attempt count (A6's transparent retry).
+    ///
+    /// Under a tonic client, give the stub the server's origin
+    /// (`Grpc::with_origin`); the client honours tonic's `set_timeout`
+    /// (an outgoing `grpc-timeout`) as the call's deadline.
+    ///
+    /// ```
+    /// use rebound_core::grpc::{Code, MethodPolicy, RetryableMethods};
+    /// use rebound_hyper::Client;
+    ///
+    /// let client = Client::builder()
+    ///     .grpc(
+    ///         RetryableMethods::none()
+    ///             .service("echo.Echo")
+    ///             .method_policy(
+    ///                 "/kv.Store/Get",
+    ///                 MethodPolicy::new()
+    ///                     .max_attempts(4)
+    ///                     .retryable_codes([Code::UNAVAILABLE, Code::RESOURCE_EXHAUSTED]),
+    ///             ),
+    ///     )
+    ///     .build()
+    ///     .unwrap();
+    /// assert!(client.layers().contains(&"GrpcTrailersLayer"));
+    /// ```
+    ///
+    /// Any setter called after it changes that one setting only.
+    pub fn grpc(self, methods: RetryableMethods) -> Self {
+        self.http2_prior_knowledge(true)
+            .classifier(rebound_core::grpc::GrpcClassifier::default())
+            .grpc_retryable_methods(methods)
+    }
+
     /// The gRPC methods that are safe to retry (gRPC calls are POSTs):
     /// calls to them are marked eligible
     /// ([`MarkRetryableLayer`],
@@ -1430,6 +1479,10 @@ impl ClientBuilder {
         // A hedge, a fallback or a reconcile check still runs on the
         // layered stack; every other client runs on the one-service stack.
         let layered = !self.hedge.is_off();
+        // A committed gRPC call's status is in its trailers: recorded when
+        // the client is set up for gRPC.
+        let grpc_trailers =
+            self.grpc_methods.is_some() || matches!(self.classifier, AnyClassifier::Grpc(_));
         if layered && self.reconcile.is_some() && self.reconcile_foreign_body {
             return Err(Error::config(
                 "a hedged client's reconcile check must answer with a rebound Client's response (Response<ClientBody>): a hedged response streams from the transport; switch the hedge off to answer the check with any other body",
@@ -1618,6 +1671,7 @@ impl ClientBuilder {
             .retry_after(retry_after.clone())
             .attempt_timeout(attempt)
             .classifier(classifier)
+            .grpc_trailers(grpc_trailers)
             // The one body wrapper: the transport's body timeouts, its
             // errors' kinds and the shutdown's guard are the stack body's;
             // the transport returns hyper's body bare.
@@ -1628,6 +1682,10 @@ impl ClientBuilder {
             // The layered stack adds the hedge below the retry loop.
             if let Some(i) = layers.iter().position(|l| *l == "RetryLayer") {
                 layers.insert(i + 1, "HedgeLayer");
+            }
+            // ...and always watches gRPC trailers, right under the span.
+            if !layers.contains(&"GrpcTrailersLayer") {
+                layers.insert(1, "GrpcTrailersLayer");
             }
         }
         let layers: Arc<[&'static str]> = layers.into();
@@ -1658,13 +1716,18 @@ impl ClientBuilder {
         // right above the retry loop: it admits requests and counts each
         // one's final outcome, so errors the retries absorb never open it.
         let closes = ShutdownLayer::new(&shutdown);
+        // A committed gRPC call's status, read from its trailers in the
+        // request span (only gRPC responses without a status in their head
+        // are watched; any other pays a header look-up on this path).
         let stack = trace
             .layer(
-                closes.layer(CancelLayer::new().layer(deadline.layer(hold.layer(
-                    concurrency.layer(idempotency.layer(fallback.layer(mark.layer(
-                        breaker.layer(retry.layer(hedge.layer(reconcile.layer(attempts)))),
+                GrpcTrailersLayer::new().layer(closes.layer(CancelLayer::new().layer(
+                    deadline.layer(hold.layer(concurrency.layer(idempotency.layer(
+                        fallback.layer(mark.layer(
+                            breaker.layer(retry.layer(hedge.layer(reconcile.layer(attempts)))),
+                        )),
                     )))),
-                )))),
+                ))),
             )
             .map_response(|res: Response<LayeredBody>| res.map(ClientBody::layered));
 

@@ -295,7 +295,8 @@ impl<B: fmt::Debug> fmt::Debug for GrpcTrailersBody<B> {
     }
 }
 
-fn record(span: Span, code: Code) {
+/// Record a committed call's final `code` in `span` (and as a metric).
+pub(crate) fn record(span: Span, code: Code) {
     let (name, n) = (code.name(), code.as_u8());
     span.in_scope(|| {
         if code == Code::OK {

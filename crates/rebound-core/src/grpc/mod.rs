@@ -123,6 +123,8 @@ mod methods;
 #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
 pub mod tonic;
 
+#[cfg(feature = "stack")]
+pub(crate) use self::classify::record as record_trailers_status;
 pub use self::classify::{
     future as trailers_future, GrpcClassifier, GrpcTrailers, GrpcTrailersBody, GrpcTrailersLayer,
 };
@@ -131,4 +133,6 @@ pub use self::deadline::{
     encode_grpc_timeout, future as inbound_future, own_grpc_deadline, parse_grpc_timeout,
     InboundDeadline, InboundDeadlineLayer, PropagateDeadline, PropagateDeadlineLayer, GRPC_TIMEOUT,
 };
-pub use self::methods::{MarkRetryable, MarkRetryableLayer, RetryableMethods};
+pub use self::methods::{
+    CallCodes, MarkRetryable, MarkRetryableLayer, MethodPolicy, RetryableMethods,
+};

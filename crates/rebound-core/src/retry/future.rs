@@ -320,16 +320,21 @@ where
         mut outcome: Result<Response<ResB>, Error>,
     ) -> Decision<ResB> {
         let n = self.attempt;
+        if let None | Some(Verdict::Success) = extensions_mut(&mut outcome).get::<Verdict>() {
+            if n > 1 && self.withdrew {
+                // A retry that worked gives its token back (see
+                // `RetryBudget::refund`).
+                self.policy.budget.refund();
+            }
+            return Decision::Return(self.finish(outcome, None));
+        }
+        // A failed gRPC call whose method has its own retryable codes
+        // (gRFC A6's per-method policy) is judged by them.
+        #[cfg(feature = "grpc")]
+        self.judge_by_call_codes(&mut outcome);
         let ext = extensions_mut(&mut outcome);
         let sent = match ext.get::<Verdict>() {
-            None | Some(Verdict::Success) => {
-                if n > 1 && self.withdrew {
-                    // A retry that worked gives its token back (see
-                    // `RetryBudget::refund`).
-                    self.policy.budget.refund();
-                }
-                return Decision::Return(self.finish(outcome, None));
-            }
+            None | Some(Verdict::Success) => unreachable!("returned above"),
             Some(Verdict::Fatal { .. }) => {
                 // A wait below (a gate, a limit's queue) that a shutdown
                 // ended: stopped by the shutdown, as a backoff sleep is,
@@ -456,6 +461,29 @@ where
             until: until.unwrap_or(now),
             drain,
             held: None,
+        }
+    }
+
+    /// With [`CallCodes`](crate::grpc::CallCodes) on the request: the
+    /// verdict on a failed gRPC head by the call's own codes.
+    #[cfg(feature = "grpc")]
+    fn judge_by_call_codes<ResB>(&self, outcome: &mut Result<Response<ResB>, Error>) {
+        let (Ok(res), Some((parts, _))) = (outcome, &self.template) else {
+            return;
+        };
+        let Some(crate::grpc::CallCodes(codes)) = parts.extensions.get() else {
+            return;
+        };
+        let verdict = codes.classify_head(res.status(), res.headers());
+        // Only a verdict a gRPC classifier gave on the same code (its
+        // reason names the code) is replaced: one another layer gave (a
+        // negative pushback's "do not retry") stands.
+        let same_code = match (Verdict::of(res.extensions()).reason(), verdict.reason()) {
+            (Some(was), Some(now)) => was.as_str() == now.as_str(),
+            _ => false,
+        };
+        if same_code {
+            res.extensions_mut().insert(verdict);
         }
     }
 

@@ -118,6 +118,9 @@ where
 pub(crate) struct BodyConfig {
     pub(crate) timeouts: BodyTimeouts,
     pub(crate) errors: fn(BoxError) -> Error,
+    /// Record a committed gRPC call's status from its trailers
+    /// ([`StackLayer::grpc_trailers`](super::StackLayer::grpc_trailers)).
+    pub(crate) grpc_trailers: bool,
 }
 
 impl Default for BodyConfig {
@@ -125,6 +128,7 @@ impl Default for BodyConfig {
         BodyConfig {
             timeouts: BodyTimeouts::new(),
             errors: Error::from_boxed,
+            grpc_trailers: false,
         }
     }
 }
@@ -207,6 +211,9 @@ pin_project! {
         cfg: Option<Arc<TraceConfig>>,
         request: Option<RequestName>,
         errors: fn(BoxError) -> Error,
+        // A committed gRPC call whose status (in the trailers) is still to
+        // be recorded.
+        grpc: bool,
     }
 }
 
@@ -242,7 +249,15 @@ where
             cfg: None,
             request,
             errors: body.errors,
+            grpc: false,
         }
+    }
+
+    /// Record the status in this body's trailers (a committed gRPC call's),
+    /// as [`GrpcTrailersLayer`](crate::grpc::GrpcTrailersLayer) does.
+    pub(crate) fn watching_grpc(mut self, yes: bool) -> Self {
+        self.grpc = yes;
+        self
     }
 }
 
@@ -355,6 +370,29 @@ where
                 (frame, collected_at_end(data, trailers))
             }
         };
+        if *this.grpc {
+            let code = match &frame {
+                Some(Ok(f)) => f.trailers_ref().map(|t| {
+                    // No status in the trailers: gRPC calls it UNKNOWN.
+                    crate::grpc::Code::from_headers(t).unwrap_or(crate::grpc::Code::UNKNOWN)
+                }),
+                // A stream that ends without trailers has no status.
+                None => Some(crate::grpc::Code::UNKNOWN),
+                // A body error is the transport's to report (below).
+                Some(Err(_)) => {
+                    *this.grpc = false;
+                    None
+                }
+            };
+            if let Some(code) = code {
+                *this.grpc = false;
+                let span = match this.watch {
+                    Some(watch) => watch.span.clone(),
+                    None => tracing::Span::current(),
+                };
+                crate::grpc::record_trailers_status(span, code);
+            }
+        }
         let over = match &frame {
             None | Some(Err(_)) => true,
             Some(Ok(_)) => at_end,

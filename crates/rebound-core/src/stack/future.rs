@@ -23,8 +23,8 @@ use tower_service::Service;
 use super::body::{timeout_error, Payload, StackBody};
 use super::Config;
 use crate::annotations::{
-    closed_while_waiting, Closing, Deadline, GateWait, Idempotent, LimiterState, PreviousAttempt,
-    Reason, Sent, Verdict,
+    closed_while_waiting, Closing, Deadline, GateWait, LimiterState, PreviousAttempt, Reason, Sent,
+    Verdict,
 };
 use crate::backoff::propose;
 use crate::body::RetryBody;
@@ -506,9 +506,7 @@ where
     /// attempt.
     fn run_loop(r: &mut Req<S, B, C>, mut req: Request<B>) -> Next<S::Future, B, ResB> {
         if let Some(mark) = &r.cfg.mark {
-            if mark.is_marked(&req) {
-                req.extensions_mut().insert(Idempotent);
-            }
+            mark.mark(&mut req);
         }
         // The circuit breaker, right above the retry loop: it admits the
         // request and counts its final outcome.
@@ -989,7 +987,14 @@ impl<S, B: RetryBody, C> Req<S, B, C> {
                     .map(|(m, u)| RequestName::new(m, u));
                 let deadline = self.deadline;
                 let cfg = &self.cfg.body;
-                Ok(res.map(|body| StackBody::new(body, deadline, permit, open, watch, name, cfg)))
+                // A committed gRPC call: its status comes in the trailers.
+                let grpc = cfg.grpc_trailers
+                    && crate::classify::is_grpc(res.headers())
+                    && !res.headers().contains_key(crate::grpc::GRPC_STATUS);
+                Ok(res.map(|body| {
+                    StackBody::new(body, deadline, permit, open, watch, name, cfg)
+                        .watching_grpc(grpc)
+                }))
             }
             Err(err) => Err(err),
         }

@@ -94,6 +94,7 @@
 //! | attempts in flight, shrinking on overload | [`AdaptiveLimitLayer`] | [`adaptive_limit`](StackLayer::adaptive_limit) (off by default) |
 //! | Retry-After / pushback into a hint | [`RetryAfterLayer`] | [`retry_after`](StackLayer::retry_after) |
 //! | each attempt's [`Verdict`](crate::Verdict) | [`ClassifyLayer`](crate::classify::ClassifyLayer) | [`classifier`](StackLayer::classifier) |
+//! | a committed gRPC call's status, from its trailers | [`GrpcTrailersLayer`](crate::grpc::GrpcTrailersLayer) | [`grpc_trailers`](StackLayer::grpc_trailers) (off by default) |
 //! | time to the response head, per attempt | [`AttemptTimeoutLayer`] | [`attempt_timeout`](StackLayer::attempt_timeout) |
 //!
 //! "Off" is `None` in the setter, and an option that is off costs nothing:
@@ -413,6 +414,17 @@ impl<C: Clone> StackLayer<C> {
         self.with(|c| c.retry = retry.policy().clone())
     }
 
+    /// Record a committed gRPC call's final status from its trailers, on
+    /// the request span and as a metric, as
+    /// [`GrpcTrailersLayer`](crate::grpc::GrpcTrailersLayer) does: a WARN
+    /// `grpc call failed after its headers` with `grpc.code` and
+    /// `grpc.status` for a failed one. Costs a header look-up per response
+    /// when on. Default: off (`rebound::Client` turns it on with a gRPC
+    /// classifier or gRPC methods).
+    pub fn grpc_trailers(self, on: bool) -> Self {
+        self.with(|c| c.body.grpc_trailers = on)
+    }
+
     /// Write the time left into each attempt (`grpc-timeout`, a budget
     /// header). `None` (the default): nothing written.
     pub fn propagate_deadline(self, propagate: Option<PropagateDeadlineLayer>) -> Self {
@@ -468,6 +480,49 @@ impl<C: Clone> StackLayer<C> {
     /// detail, [`Sent`](crate::Sent)). Default: [`Error::from_boxed`].
     pub fn body_errors(self, errors: fn(BoxError) -> Error) -> Self {
         self.with(|c| c.body.errors = errors)
+    }
+
+    /// The whole stack set up for gRPC, in the order that works — the
+    /// bundle to put around a `tonic::transport::Channel`: the
+    /// [`GrpcClassifier`](crate::grpc::GrpcClassifier) (gRFC A6),
+    /// `methods` retryable with their own [policies](crate::grpc::MethodPolicy)
+    /// ([`grpc_retryable`](Self::grpc_retryable)), the time left as
+    /// `grpc-timeout` on every attempt
+    /// ([`propagate_deadline`](Self::propagate_deadline)), a committed
+    /// call's status read from its trailers
+    /// ([`grpc_trailers`](Self::grpc_trailers)), and no `Idempotency-Key`
+    /// header (gRPC calls are POSTs; their eligibility is the method's).
+    /// A call that was never sent is retried whatever the method, and once
+    /// more outside the attempt count (A6's transparent retry).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use rebound_core::deadline::DeadlineLayer;
+    /// use rebound_core::grpc::{Code, MethodPolicy, RetryableMethods};
+    /// use rebound_core::stack::StackLayer;
+    ///
+    /// let layer = StackLayer::new()
+    ///     .deadline(DeadlineLayer::new(Duration::from_secs(5)))
+    ///     .grpc(RetryableMethods::none().service_policy(
+    ///         "kv.Store",
+    ///         MethodPolicy::new().max_attempts(4).retryable_codes([Code::UNAVAILABLE]),
+    ///     ));
+    /// assert!(layer.layers().contains(&"MarkRetryableLayer"));
+    /// // let channel = tonic::transport::Channel::from_static("http://[::1]:50051").connect_lazy();
+    /// // let svc = tower::ServiceBuilder::new()
+    /// //     .layer(rebound_core::grpc::tonic::IntoStatusLayer::new())
+    /// //     .layer(layer)
+    /// //     .service(channel);
+    /// ```
+    pub fn grpc(
+        self,
+        methods: crate::grpc::RetryableMethods,
+    ) -> StackLayer<crate::grpc::GrpcClassifier> {
+        self.idempotency_key(None)
+            .grpc_retryable(Some(MarkRetryableLayer::new(methods)))
+            .propagate_deadline(Some(PropagateDeadlineLayer::new()))
+            .grpc_trailers(true)
+            .classifier(crate::grpc::GrpcClassifier::default())
     }
 
     /// The classifier of each attempt's outcome.
@@ -537,7 +592,9 @@ impl<C> StackLayer<C> {
         on(&mut v, gate, "RetryAfterGateLayer");
         on(&mut v, c.rate_limit.is_some(), "RateLimitLayer");
         on(&mut v, c.adaptive.is_some(), "AdaptiveLimitLayer");
-        v.extend(["RetryAfterLayer", "ClassifyLayer", "AttemptTimeoutLayer"]);
+        v.extend(["RetryAfterLayer", "ClassifyLayer"]);
+        on(&mut v, c.body.grpc_trailers, "GrpcTrailersLayer");
+        v.push("AttemptTimeoutLayer");
         v
     }
 }
