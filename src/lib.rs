@@ -9,8 +9,10 @@ pub use rebound_core::*;
 pub use rebound_hyper;
 /// The JSON helpers' errors and their docs (`Client::get_json`, ...).
 pub use rebound_hyper::json;
+#[allow(deprecated)]
+pub use rebound_hyper::ResponseFuture;
 pub use rebound_hyper::{
     Body, BodyTimeouts, Client, ClientBody, ClientBuilder, ClientClassifier, HyperTransport,
-    JsonError, JsonErrorCategory, MinBodyRate, RequestBuilder, ResponseBody, ResponseFuture,
-    SendFuture, TlsRoots, TransportBuilder, UnexpectedStatus,
+    JsonError, JsonErrorCategory, MinBodyRate, RequestBuilder, ResponseBody, SendFuture, TlsRoots,
+    TransportBuilder, UnexpectedStatus,
 };

@@ -3,7 +3,7 @@
 //! rebound's layers never name each other's types. They talk only through
 //! these annotations (DESIGN.md §1.3):
 //!
-//! * **On the request, going down:** [`Deadline`], [`Attempt`],
+//! * **On the request, going down:** [`Deadline`], [`AttemptNumber`],
 //!   [`MaxAttempts`], [`IdempotencyKey`], [`Idempotent`],
 //!   [`PreviousAttempt`].
 //! * **On the outcome, going up** (the response's extensions, or the
@@ -25,15 +25,15 @@
 //! default:
 //!
 //! * no [`Verdict`] means [`Verdict::Success`] (see [`Verdict::of`]);
-//! * no [`Attempt`] means the first attempt (see [`Attempt::of`]);
+//! * no [`AttemptNumber`] means the first attempt (see [`AttemptNumber::of`]);
 //! * no [`Attempts`] on a response means one attempt was made.
 //!
 //! ```
-//! use rebound_core::annotations::{Attempt, Verdict, Sent, Reason};
+//! use rebound_core::annotations::{AttemptNumber, Verdict, Sent, Reason};
 //!
 //! let mut res = http::Response::new(());
 //! assert!(Verdict::of(res.extensions()).is_success());
-//! assert_eq!(Attempt::of(res.extensions()), 1);
+//! assert_eq!(AttemptNumber::of(res.extensions()), 1);
 //!
 //! res.extensions_mut().insert(Verdict::Retryable {
 //!     reason: Reason::status(http::StatusCode::SERVICE_UNAVAILABLE),
@@ -151,19 +151,28 @@ impl Deadline {
     }
 }
 
-/// Which attempt this is: `1` for the first try.
+/// On the request, going down: which attempt this is, `1` for the first
+/// try. (Going up, [`Attempts`] says how many were made.)
 ///
 /// Stamped by the retry layer on every attempt after the first; absence means
-/// the first attempt (see [`Attempt::of`]).
+/// the first attempt (see [`AttemptNumber::of`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Attempt(pub u32);
+pub struct AttemptNumber(pub u32);
 
-impl Attempt {
+impl AttemptNumber {
     /// The attempt number carried in `ext`, `1` when absent.
     pub fn of(ext: &Extensions) -> u32 {
-        ext.get::<Attempt>().map_or(1, |a| a.0)
+        ext.get::<AttemptNumber>().map_or(1, |a| a.0)
     }
 }
+
+/// The old name of [`AttemptNumber`], too close to [`Attempts`], which goes
+/// the other way.
+#[deprecated(
+    since = "0.1.0",
+    note = "renamed `AttemptNumber` (down), beside `Attempts` (up)"
+)]
+pub type Attempt = AttemptNumber;
 
 /// The most attempts the retry loop may make for **this** request, the
 /// first included, in place of its policy's
@@ -933,7 +942,7 @@ mod tests {
     fn absence_means_success_and_first_attempt() {
         let ext = Extensions::new();
         assert!(Verdict::of(&ext).is_success());
-        assert_eq!(Attempt::of(&ext), 1);
+        assert_eq!(AttemptNumber::of(&ext), 1);
         assert_eq!(Attempts::of(&ext), 1);
         assert_eq!(Deadline::of(&ext), None);
     }

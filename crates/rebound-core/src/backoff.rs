@@ -35,7 +35,7 @@
 //! # The schedule
 //!
 //! For the retry after attempt `n` (read from the request's
-//! [`Attempt`], 1 when absent) the *capped exponential* is
+//! [`AttemptNumber`], 1 when absent) the *capped exponential* is
 //! `c(n) = min(cap, base × multiplier^(n-1))`, and the delay is drawn from:
 //!
 //! | [`Jitter`] | range |
@@ -59,7 +59,7 @@
 //! a short mutex; [`Backoff::seed`] makes it deterministic and
 //! [`Backoff::rng`] injects any other RNG.
 //!
-//! [`Attempt`]: crate::annotations::Attempt
+//! [`AttemptNumber`]: crate::annotations::AttemptNumber
 //! [`PreviousAttempt`]: crate::annotations::PreviousAttempt
 //! [`RetryAfterHint`]: crate::annotations::RetryAfterHint
 
@@ -78,7 +78,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::annotations::{
-    Attempt, DelaySource, PreviousAttempt, ProposedDelay, RetryAfterHint, Verdict,
+    AttemptNumber, DelaySource, PreviousAttempt, ProposedDelay, RetryAfterHint, Verdict,
 };
 use crate::error::{BoxError, Error};
 
@@ -438,7 +438,7 @@ where
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        let attempt = Attempt::of(req.extensions());
+        let attempt = AttemptNumber::of(req.extensions());
         let previous = req
             .extensions()
             .get::<PreviousAttempt>()
@@ -746,7 +746,7 @@ mod tests {
             Ok::<_, BoxError>(res)
         }));
         let mut req = Request::new(());
-        req.extensions_mut().insert(Attempt(3));
+        req.extensions_mut().insert(AttemptNumber(3));
         req.extensions_mut().insert(PreviousAttempt {
             attempt: 2,
             verdict: verdict(),

@@ -83,6 +83,13 @@ use tokio::time::{Instant, Sleep};
 use tower_layer::Layer;
 use tower_service::Service;
 
+/// The server side of a deadline — the caller's `grpc-timeout` or a
+/// budget header of milliseconds made the deadline of every outbound call
+/// made while handling the request — for plain HTTP (axum) as for gRPC;
+/// the same layer as [`grpc::InboundDeadlineLayer`](crate::grpc::InboundDeadlineLayer).
+#[cfg(feature = "grpc")]
+pub use crate::grpc::{InboundDeadline, InboundDeadlineLayer};
+
 use crate::annotations::Deadline;
 use crate::config::validate_duration;
 use crate::error::{BoxError, Error, TimeoutStage};

@@ -150,8 +150,10 @@ pub mod trace;
 // reached through their module (`rebound_core::deadline::DeadlineBody`, ...),
 // as tower's are.
 
+#[allow(deprecated)]
+pub use crate::annotations::Attempt;
 pub use crate::annotations::{
-    Attempt, Attempts, BudgetLeft, CertificateRejected, CircuitState, Closing, Deadline,
+    AttemptNumber, Attempts, BudgetLeft, CertificateRejected, CircuitState, Closing, Deadline,
     DelaySource, GateWait, Hedged, IdempotencyKey, Idempotent, KeyGenerated, LimiterState,
     MaxAttempts, PermitLease, PreviousAttempt, ProposedDelay, Reason, RetryAfterHint, RetryStop,
     Sent, Verdict,

@@ -19,9 +19,9 @@ use rebound_core::body::ReplayableBody;
 use rebound_core::classify::Classify;
 use rebound_core::retry_after::RetryAfter;
 use rebound_core::{
-    retry::Retry, Attempt, Attempts, Backoff, BackoffLayer, BoxError, ClassifyLayer, Deadline,
-    DelaySource, Error, ErrorKind, HttpClassifier, PreviousAttempt, RetryAfterLayer, RetryBudget,
-    RetryLayer, RetryPolicy, RetryStop, Verdict,
+    retry::Retry, AttemptNumber, Attempts, Backoff, BackoffLayer, BoxError, ClassifyLayer,
+    Deadline, DelaySource, Error, ErrorKind, HttpClassifier, PreviousAttempt, RetryAfterLayer,
+    RetryBudget, RetryLayer, RetryPolicy, RetryStop, Verdict,
 };
 use rebound_test::mock::{MockService, Reply};
 use tokio::time::Instant;
@@ -135,7 +135,7 @@ async fn attempts_are_stamped_and_history_carried() {
         let seen = seen.clone();
         tower::service_fn(move |req: Request<Full<Bytes>>| {
             seen.lock().unwrap().push((
-                Attempt::of(req.extensions()),
+                AttemptNumber::of(req.extensions()),
                 req.extensions().get::<PreviousAttempt>().cloned(),
             ));
             let n = seen.lock().unwrap().len();
@@ -765,7 +765,7 @@ async fn retry_waits_for_the_inner_service_to_be_ready() {
     tokio_test::assert_pending!(fut.poll());
 
     let (first, respond) = handle.next_request().await.unwrap();
-    assert_eq!(Attempt::of(first.extensions()), 1);
+    assert_eq!(AttemptNumber::of(first.extensions()), 1);
     let mut res = Response::new(Full::new(Bytes::new()));
     *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
     res.headers_mut()
@@ -782,7 +782,7 @@ async fn retry_waits_for_the_inner_service_to_be_ready() {
     handle.allow(1);
     tokio_test::assert_pending!(fut.poll());
     let (second, respond) = handle.next_request().await.unwrap();
-    assert_eq!(Attempt::of(second.extensions()), 2);
+    assert_eq!(AttemptNumber::of(second.extensions()), 2);
     respond.send_response(Response::new(Full::new(Bytes::from_static(b"ok"))));
     let res = tokio_test::assert_ready_ok!(fut.poll());
     assert_eq!(Attempts::of(res.extensions()), 2);

@@ -15,7 +15,7 @@ use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
-use rebound_core::annotations::{Attempt, Deadline, IdempotencyKey, PreviousAttempt};
+use rebound_core::annotations::{AttemptNumber, Deadline, IdempotencyKey, PreviousAttempt};
 use rebound_core::backoff::{Backoff, BackoffLayer, Jitter};
 use rebound_core::classify::{ClassifyLayer, HttpClassifier};
 use rebound_core::collect::{CollectBodyLayer, CollectedBody};
@@ -58,7 +58,7 @@ impl Probe {
     fn record<B>(&self, req: &Request<B>) {
         let ext = req.extensions();
         self.0.lock().unwrap().push(Seen {
-            attempt: Attempt::of(ext),
+            attempt: AttemptNumber::of(ext),
             at: Instant::now(),
             previous: ext.get::<PreviousAttempt>().cloned(),
             key: ext.get::<IdempotencyKey>().cloned(),

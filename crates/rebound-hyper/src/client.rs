@@ -1819,12 +1819,15 @@ impl fmt::Debug for Client {
     }
 }
 
-/// The future of the client's `Service::call`.
-pub type ResponseFuture = Pin<Box<dyn Future<Output = Result<Response<ClientBody>, Error>> + Send>>;
+/// The future of a request sent by a [`Client`] — [`Client::send`], a
+/// [`RequestBuilder`](crate::RequestBuilder)'s `send`, and the client's
+/// `Service::call` — readiness of the stack, then the call, in one boxed
+/// future: nameable, `Send`, `'static`, so it can be stored or spawned.
+pub type SendFuture = Pin<Box<dyn Future<Output = Result<Response<ClientBody>, Error>> + Send>>;
 
-/// The future of [`Client::send`]: readiness of the stack, then the call,
-/// in one boxed future (the same type as [`ResponseFuture`]).
-pub type SendFuture = ResponseFuture;
+/// The old name of [`SendFuture`] (the same type).
+#[deprecated(since = "0.1.0", note = "one name for one future: use `SendFuture`")]
+pub type ResponseFuture = SendFuture;
 
 impl Client {
     /// A [`ClientBuilder`] with the defaults.
@@ -1919,7 +1922,7 @@ where
 {
     type Response = Response<ClientBody>;
     type Error = Error;
-    type Future = ResponseFuture;
+    type Future = SendFuture;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         Service::<Request<Body>>::poll_ready(&mut self.inner, cx)

@@ -53,7 +53,9 @@ pub mod transport;
 
 pub use crate::body::Body;
 pub use crate::classifier::ClientClassifier;
-pub use crate::client::{Client, ClientBody, ClientBuilder, ResponseFuture, SendFuture};
+#[allow(deprecated)]
+pub use crate::client::ResponseFuture;
+pub use crate::client::{Client, ClientBody, ClientBuilder, SendFuture};
 pub use crate::connect::{Connector, TlsRoots};
 pub use crate::json::{JsonError, JsonErrorCategory, UnexpectedStatus};
 pub use crate::request::RequestBuilder;

@@ -105,7 +105,7 @@
 //! vocabulary:
 //!
 //! * the hedge layer hedges only a request's **first** attempt
-//!   ([`Attempt`] 1): an attempt the retry loop sends is
+//!   ([`AttemptNumber`] 1): an attempt the retry loop sends is
 //!   passed through;
 //! * once a hedge was sent, the outcome carries [`Hedged`](crate::Hedged), and the retry
 //!   loop does not retry it ([`RetryStop::Hedged`](crate::RetryStop)).
@@ -169,7 +169,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use self::latency::Latency;
-use crate::annotations::{Attempt, Deadline, IdempotencyKey, Idempotent};
+use crate::annotations::{AttemptNumber, Deadline, IdempotencyKey, Idempotent};
 use crate::body::ReplayableBody;
 use crate::error::{BoxError, Error};
 use crate::retry::RetryBudget;
@@ -646,7 +646,10 @@ where
         let shared = &*self.shared;
         // Off, not hedgeable, or an attempt of the retry loop (hedged or
         // retried, not both): straight through.
-        if shared.policy.is_off() || Attempt::of(req.extensions()) > 1 || !shared.hedgeable(&req) {
+        if shared.policy.is_off()
+            || AttemptNumber::of(req.extensions()) > 1
+            || !shared.hedgeable(&req)
+        {
             return future::ResponseFuture::passthrough(self.inner.call(req), None);
         }
         let now = Instant::now();

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use tower::{Service, ServiceBuilder, ServiceExt};
 
 use super::{HedgeLayer, HedgePolicy};
-use crate::annotations::{Attempt, Attempts, Deadline, Hedged, RetryStop};
+use crate::annotations::{AttemptNumber, Attempts, Deadline, Hedged, RetryStop};
 use crate::body::ReplayableBody;
 use crate::classify::{ClassifyLayer, HttpClassifier};
 use crate::error::BoxError;
@@ -300,7 +300,7 @@ async fn only_requests_that_may_be_sent_twice_are_hedged() {
     let (inner, log) = upstream(vec![(1_000, 200)]);
     let mut svc = HedgeLayer::new(HedgePolicy::fixed(ms(50))).layer(inner);
     let mut req = get();
-    req.extensions_mut().insert(Attempt(2));
+    req.extensions_mut().insert(AttemptNumber(2));
     svc.ready().await.unwrap().call(req).await.unwrap();
     assert_eq!(log.calls.load(SeqCst), 1);
     // Methods can be narrowed.

@@ -16,8 +16,8 @@ use tower_service::Service;
 
 use super::policy::RetryPolicy;
 use crate::annotations::{
-    Attempt, Attempts, BudgetLeft, ClosingWait, DelaySource, Hedged, LimiterState, PreviousAttempt,
-    ProposedDelay, Reason, RetryAfterHint, RetryStop, Sent, Verdict,
+    AttemptNumber, Attempts, BudgetLeft, ClosingWait, DelaySource, Hedged, LimiterState,
+    PreviousAttempt, ProposedDelay, Reason, RetryAfterHint, RetryStop, Sent, Verdict,
 };
 use crate::body::RetryBody;
 use crate::error::{BoxError, Error};
@@ -699,7 +699,7 @@ where
     }
 
     /// The request for attempt `n + 1`: `body` (a fresh copy), the template
-    /// head, `Attempt`, `BudgetLeft`, `PreviousAttempt` and the last
+    /// head, `AttemptNumber`, `BudgetLeft`, `PreviousAttempt` and the last
     /// attempt's `LimiterState` (so that the trace layer's `retrying` event
     /// can show the limiter the retry was decided under).
     fn next_request(
@@ -714,7 +714,7 @@ where
         let (parts, _) = self.template.as_ref()?;
         let mut req = Request::from_parts(parts.clone(), body);
         let ext = req.extensions_mut();
-        ext.insert(Attempt(n + 1));
+        ext.insert(AttemptNumber(n + 1));
         ext.insert(BudgetLeft(budget_left(&self.policy.budget)));
         ext.insert(PreviousAttempt {
             attempt: n,

@@ -81,7 +81,7 @@
 //! saying why the loop stopped when it did not succeed. Errors are named
 //! with the request's method and redacted URL.
 //!
-//! Every attempt after the first carries [`Attempt(n)`](crate::Attempt) and a
+//! Every attempt after the first carries [`AttemptNumber(n)`](crate::AttemptNumber) and a
 //! [`PreviousAttempt`](crate::PreviousAttempt) (verdict, Retry-After hint,
 //! the delay waited), [`BudgetLeft`](crate::BudgetLeft) and the failed
 //! attempt's [`LimiterState`](crate::LimiterState) if it had one; the trace

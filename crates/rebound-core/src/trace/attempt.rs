@@ -14,14 +14,14 @@ use super::config::{Config, RequestContext};
 use super::future::{AttemptFuture, AttemptState};
 use super::outcome::millis;
 use super::{BudgetLeft, LimiterState, TARGET};
-use crate::annotations::{Attempt, PreviousAttempt};
+use crate::annotations::{AttemptNumber, PreviousAttempt};
 use crate::error::{BoxError, Error};
 
 /// Traces each attempt in a child span of the request span, and logs at
 /// INFO (`retrying`) every attempt the retry loop makes after the first.
 ///
 /// Put it **directly below the retry layer**: it then sees every attempt
-/// (stamped [`Attempt`]) and, on the way up, the annotations the layers below
+/// (stamped [`AttemptNumber`]) and, on the way up, the annotations the layers below
 /// add ([`Verdict`](crate::Verdict), [`ProposedDelay`](crate::ProposedDelay),
 /// [`LimiterState`](super::LimiterState), ...). Get it from
 /// [`TraceLayer::attempt_layer`](super::TraceLayer::attempt_layer) to share
@@ -151,7 +151,7 @@ where
 /// span made, and the INFO `retrying` event of an attempt the retry loop
 /// decided to make. Shared by [`AttemptTrace`] and the whole-stack service.
 pub(crate) fn begin_attempt<B>(cfg: &Arc<Config>, req: &mut Request<B>) -> AttemptState {
-    let attempt = Attempt::of(req.extensions());
+    let attempt = AttemptNumber::of(req.extensions());
     if let Some(name) = &cfg.attempt_header {
         req.headers_mut()
             .insert(name.clone(), HeaderValue::from(attempt));

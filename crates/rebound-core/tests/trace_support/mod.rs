@@ -19,7 +19,7 @@ use std::time::Duration;
 use http::header::{ACCEPT, AUTHORIZATION, COOKIE, PROXY_AUTHORIZATION, RETRY_AFTER, SET_COOKIE};
 use http::{HeaderMap, Request, Response, StatusCode};
 use rebound_core::annotations::{
-    Attempt, Attempts, DelaySource, PreviousAttempt, ProposedDelay, Reason, RetryStop, Sent,
+    AttemptNumber, Attempts, DelaySource, PreviousAttempt, ProposedDelay, Reason, RetryStop, Sent,
     Verdict,
 };
 use rebound_core::body::ReplayableBody;
@@ -140,7 +140,7 @@ impl Service<Request<String>> for Scripted {
             headers_debug: format!("{:?}", req.headers()),
             request_debug: format!("{req:?}"),
             headers: req.headers().clone(),
-            attempt: Attempt::of(req.extensions()),
+            attempt: AttemptNumber::of(req.extensions()),
         });
         let step = self.steps.lock().unwrap().pop_front().unwrap_or(self.last);
         let annotate_state = self.annotate_state;
@@ -216,7 +216,7 @@ impl Service<Request<String>> for Scripted {
 
 /// A stand-in for the retry loop (see the module docs): up to `max`
 /// attempts while the verdict is retryable, sleeping the proposed delay,
-/// stamping `Attempt`, `PreviousAttempt` and (if set) `BudgetLeft` on each
+/// stamping `AttemptNumber`, `PreviousAttempt` and (if set) `BudgetLeft` on each
 /// attempt, and `Attempts` and `RetryStop` on the final outcome.
 #[derive(Clone)]
 pub struct FakeRetry<S> {
@@ -268,7 +268,7 @@ where
                 *attempt.headers_mut() = req.headers().clone();
                 *attempt.extensions_mut() = req.extensions().clone();
                 if n > 1 {
-                    attempt.extensions_mut().insert(Attempt(n));
+                    attempt.extensions_mut().insert(AttemptNumber(n));
                 }
                 if let Some(p) = previous.take() {
                     attempt.extensions_mut().insert(p);
