@@ -237,7 +237,7 @@ async fn the_replay_cap_is_configurable() {
         .start()
         .await;
     // 10 KiB is under the 64 KiB default, over this cap.
-    let client = fast().replay_buffer_cap(4 * 1024).build().unwrap();
+    let client = fast().replay_cap(4 * 1024).build().unwrap();
     let data = pattern(10 * 1024);
     let res = client
         .send(post(server.url("/upload"), streamed(&data, 1000)))

@@ -11,7 +11,7 @@
 //! assert!(Body::empty().try_replay().is_some());
 //!
 //! // A streamed body replays once it is given a buffer cap: the ready-made
-//! // client does that with its `replay_buffer_cap` (64 KiB by default).
+//! // client does that with its `replay_cap` (64 KiB by default).
 //! let chunks = || futures_util::stream::iter([Ok::<_, std::io::Error>(Bytes::from("a"))]);
 //! assert!(Body::from_stream(chunks()).try_replay().is_none());
 //! let body = Body::from_stream(chunks()).replay_cap(64 * 1024);
@@ -35,7 +35,7 @@
 //! retries with the whole body once the stream ended (see "Waiting for the
 //! rest of the body" in [`rebound_core::replay`]). The cap is chosen when the body
 //! is armed: by [`Body::replay_cap`], or by the ready-made client
-//! ([`ClientBuilder::replay_buffer_cap`](crate::ClientBuilder::replay_buffer_cap))
+//! ([`ClientBuilder::replay_cap`](crate::ClientBuilder::replay_cap))
 //! for a body that was not armed yet.
 
 use std::fmt;

@@ -159,7 +159,7 @@
 //! # Request bodies and JSON
 //!
 //! A streamed request body is recorded as it is sent, up to
-//! [`replay_buffer_cap`](ClientBuilder::replay_buffer_cap) (64 KiB), so the
+//! [`replay_cap`](ClientBuilder::replay_cap) (64 KiB), so the
 //! retry layer can send it again; a longer one is sent once and not retried
 //! (reason `body not replayable`). See [`Body`].
 //!
@@ -238,7 +238,7 @@ pub const DEFAULT_RETRY_AFTER_CAP: Duration = Duration::from_secs(60);
 pub const DEFAULT_BACKOFF_BASE: Duration = Duration::from_millis(100);
 /// Default [`ClientBuilder::backoff`] cap: 10 s.
 pub const DEFAULT_BACKOFF_CAP: Duration = Duration::from_secs(10);
-/// Default [`ClientBuilder::replay_buffer_cap`]: 64 KiB.
+/// Default [`ClientBuilder::replay_cap`]: 64 KiB.
 pub const DEFAULT_REPLAY_BUFFER_CAP: usize = 64 * 1024;
 /// Default [`ClientBuilder::max_response_body`]: 10 MiB.
 pub const DEFAULT_MAX_RESPONSE_BODY: usize = 10 * 1024 * 1024;
@@ -1241,7 +1241,7 @@ impl ClientBuilder {
     ///
     /// The request body is sent again from the copy the retry loop keeps:
     /// in memory, or a stream within the
-    /// [`replay_buffer_cap`](Self::replay_buffer_cap); a longer stream is
+    /// [`replay_cap`](Self::replay_cap); a longer stream is
     /// not sent to another route.
     pub fn fallback(mut self, layer: impl Into<Option<FallbackLayer>>) -> Self {
         self.fallback = layer.into();
@@ -1320,11 +1320,20 @@ impl ClientBuilder {
     /// in-memory body, a longer one is sent once and not retried
     /// ([`RetryStop::NotReplayable`](rebound_core::RetryStop::NotReplayable),
     /// reason `body not replayable`). Applies to streamed bodies not armed
-    /// with [`Body::replay_cap`] already; `0` makes only empty streams
-    /// replayable. Default: 64 KiB.
-    pub fn replay_buffer_cap(mut self, max_bytes: usize) -> Self {
+    /// with [`Body::replay_cap`] already (the same cap, for one body);
+    /// `0` makes only empty streams replayable. Default: 64 KiB.
+    pub fn replay_cap(mut self, max_bytes: usize) -> Self {
         self.replay_cap = max_bytes;
         self
+    }
+
+    /// The old name of [`replay_cap`](Self::replay_cap).
+    #[deprecated(
+        since = "0.1.0",
+        note = "one name for one cap: use `replay_cap`, as `Body::replay_cap`"
+    )]
+    pub fn replay_buffer_cap(self, max_bytes: usize) -> Self {
+        self.replay_cap(max_bytes)
     }
 
     /// The largest response body the JSON helpers
@@ -1836,7 +1845,7 @@ impl Client {
     }
 
     /// Send `req` through the whole stack. A streamed body is armed for
-    /// replay with the [`replay_buffer_cap`](ClientBuilder::replay_buffer_cap).
+    /// replay with the [`replay_cap`](ClientBuilder::replay_cap).
     pub fn send<B>(&self, req: Request<B>) -> SendFuture
     where
         B: Into<Body>,

@@ -53,7 +53,7 @@
 //!   names it holds.
 //! * [`body`](RequestBuilder::body) sets the body (see [`Body`]: in memory
 //!   it replays for free; streamed, it is recorded for replay up to the
-//!   client's [`replay_buffer_cap`](crate::ClientBuilder::replay_buffer_cap)).
+//!   client's [`replay_cap`](crate::ClientBuilder::replay_cap)).
 //!   [`json`](RequestBuilder::json) sets it to a value encoded as JSON and
 //!   `Content-Type: application/json` (unless a `Content-Type` was set).
 //! * [`query`](RequestBuilder::query) appends `name=value` pairs to the
