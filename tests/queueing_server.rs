@@ -337,3 +337,77 @@ async fn rebound_client_against_a_server_refusing_nine_in_ten() {
     assert_eq!(snap.accepted, snap.received.div_ceil(10));
     assert!(ok <= snap.completed);
 }
+
+/// The client with a gradient limit at 4× the server's capacity: after a
+/// warm-up the limit sits near the workers plus its headroom, so the
+/// server's queue (and its p99) stays short while every worker is busy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gradient_client_at_four_times_capacity_keeps_the_queue_short() {
+    use rebound::limit::{AdaptiveLimiter, Gradient};
+    const WORKERS: usize = 8;
+    const LATENCY: Duration = Duration::from_millis(20);
+    let server = QueueingServer::builder()
+        .workers(WORKERS)
+        .latency(LATENCY)
+        .start()
+        .await;
+    let limiter = Arc::new(AdaptiveLimiter::try_new(Gradient::default()).unwrap());
+    let client = rebound::Client::builder()
+        .total_timeout(Duration::from_secs(5))
+        .adaptive_limiter(limiter.clone())
+        .build()
+        .unwrap();
+    let url = server.url("/work");
+    let run = |until: Duration| {
+        let start = Instant::now();
+        let mut callers = JoinSet::new();
+        for _ in 0..4 * WORKERS {
+            let (client, url) = (client.clone(), url.clone());
+            callers.spawn(async move {
+                for _ in 0..500 {
+                    if start.elapsed() >= until {
+                        break;
+                    }
+                    let res = client.get(url.as_str()).await.unwrap();
+                    assert_eq!(res.status(), 200);
+                    let _ = res.into_body().collect().await;
+                }
+            });
+        }
+        async move {
+            timeout(Duration::from_secs(30), async {
+                while let Some(done) = callers.join_next().await {
+                    done.expect("no caller panicked");
+                }
+            })
+            .await
+            .expect("the callers finished");
+        }
+    };
+    run(Duration::from_secs(2)).await;
+    server.reset_latency();
+    run(Duration::from_secs(1)).await;
+    let snap = server.snapshot();
+    let limit = limiter.current_limit();
+    println!(
+        "gradient, {} callers on {WORKERS} workers × {LATENCY:?}: limit {limit}, min rtt {:?}, \
+         sample rtt {:?}, server-side p50 {:?} p99 {:?}",
+        4 * WORKERS,
+        limiter.min_rtt(),
+        limiter.sample_rtt(),
+        snap.latency.p50,
+        snap.latency.p99,
+    );
+    assert!(limit <= 3 * WORKERS, "limit {limit}");
+    assert!(snap.latency.p99 < LATENCY * 3, "{:?}", snap.latency);
+}
+
+#[test]
+fn a_bad_gradient_is_refused_by_build() {
+    let err = rebound::Client::builder()
+        .adaptive_limit(rebound::limit::Gradient::default().smoothing(0.0))
+        .build()
+        .unwrap_err();
+    assert_eq!(err.kind(), rebound::ErrorKind::Config);
+    assert!(err.to_string().contains("smoothing"), "{err}");
+}

@@ -186,7 +186,7 @@ pub use crate::hedge::{HedgeLayer, HedgePolicy};
 #[cfg(feature = "idempotency")]
 pub use crate::idempotency::IdempotencyKeyLayer;
 #[cfg(feature = "limit")]
-pub use crate::limit::{AdaptiveLimitLayer, Aimd, ConcurrencyLimitLayer};
+pub use crate::limit::{AdaptiveLimitLayer, Aimd, ConcurrencyLimitLayer, Gradient};
 #[cfg(feature = "ratelimit")]
 pub use crate::ratelimit::RateLimitLayer;
 #[cfg(feature = "reconcile")]

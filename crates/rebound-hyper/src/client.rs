@@ -196,7 +196,8 @@ use rebound_core::gate::{GateMode, GateTable, RetryAfterGateLayer};
 use rebound_core::hedge::{HedgeLayer, HedgePolicy};
 use rebound_core::idempotency::IdempotencyKeyLayer;
 use rebound_core::limit::{
-    AdaptiveLimitLayer, AdaptiveLimiter, Aimd, ConcurrencyLimitLayer, ConcurrencyLimiter, LimitBody,
+    AdaptiveLimitLayer, AdaptiveLimiter, Aimd, Algorithm, ConcurrencyLimitLayer,
+    ConcurrencyLimiter, LimitBody,
 };
 use rebound_core::ratelimit::RateLimitLayer;
 use rebound_core::reconcile::{Check, OperationId, ReconcileLayer};
@@ -650,7 +651,7 @@ pub struct ClientBuilder {
     deadline_header: Option<http::HeaderName>,
     concurrency: Option<usize>,
     concurrency_shared: Option<Arc<ConcurrencyLimiter>>,
-    adaptive: Option<Aimd>,
+    adaptive: Option<Algorithm>,
     adaptive_shared: Option<Arc<AdaptiveLimiter>>,
     gate: GateMode,
     gate_503: bool,
@@ -690,7 +691,7 @@ impl Default for ClientBuilder {
             deadline_header: None,
             concurrency: None,
             concurrency_shared: None,
-            adaptive: Some(default_adaptive_limit()),
+            adaptive: Some(default_adaptive_limit().into()),
             adaptive_shared: None,
             gate: GateMode::Wait,
             gate_503: false,
@@ -948,15 +949,18 @@ impl ClientBuilder {
         self
     }
 
-    /// The adaptive (AIMD) limit on attempts in flight, or `None` to turn it
-    /// off. Default: [`default_adaptive_limit`]: min 1, initial and max 256
+    /// The adaptive limit on attempts in flight — an [`Aimd`] or a
+    /// [`Gradient`](rebound_core::limit::Gradient) (latency-driven) — or `None` to turn it off. Default:
+    /// [`default_adaptive_limit`], AIMD with min 1, initial and max 256
     /// — unlimited in practice until the upstream answers 429/503 or times
     /// out; then it shrinks by 0.9× on the first overload and, while
     /// attempts wait, down to what the upstream is still serving, and grows
     /// back by one per window of successes (probing faster past the last
-    /// overload point). See [`rebound_core::limit::adaptive`].
-    pub fn adaptive_limit(mut self, aimd: impl Into<Option<Aimd>>) -> Self {
-        self.adaptive = aimd.into();
+    /// overload point). A gradient limit also follows the round-trip time
+    /// against its measured minimum, for an upstream that queues instead
+    /// of refusing. See [`rebound_core::limit::adaptive`].
+    pub fn adaptive_limit(mut self, algorithm: impl Into<Option<Algorithm>>) -> Self {
+        self.adaptive = algorithm.into();
         self.adaptive_shared = None;
         self
     }

@@ -104,10 +104,13 @@
 
 pub mod adaptive;
 pub mod concurrency;
+mod gradient;
 
 #[cfg(feature = "stack")]
 pub(crate) use self::adaptive::AttemptSlot;
-pub use self::adaptive::{AdaptiveLimit, AdaptiveLimitLayer, AdaptiveLimiter, Aimd};
+pub use self::adaptive::{
+    AdaptiveLimit, AdaptiveLimitLayer, AdaptiveLimiter, Aimd, Algorithm, Gradient,
+};
 pub use self::concurrency::{
     ConcurrencyLimit, ConcurrencyLimitLayer, ConcurrencyLimiter, LimitBody,
 };
