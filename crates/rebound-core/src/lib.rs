@@ -127,6 +127,9 @@ pub mod ratelimit;
 #[cfg(feature = "shutdown")]
 #[cfg_attr(docsrs, doc(cfg(feature = "shutdown")))]
 pub mod shutdown;
+#[cfg(feature = "throttle")]
+#[cfg_attr(docsrs, doc(cfg(feature = "throttle")))]
+pub mod throttle;
 #[cfg(any(feature = "limit", feature = "retry-after"))]
 mod wait;
 

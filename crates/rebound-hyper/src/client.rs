@@ -142,8 +142,9 @@
 //! What still holds a
 //! permit: a request's own backoff sleep, e.g. the retry of the request
 //! that got the 429 sleeping its Retry-After (that request is in flight,
-//! by design). The adaptive limit is one per client, not per host, so its
-//! waits are not per-host waits.
+//! by design). The adaptive limit is per host (one limiter per host,
+//! [`HostLimiters`]), so its waits are per-host waits: a host whose limit
+//! is full does not hold back requests to another.
 //!
 //! # Requests
 //!
@@ -197,7 +198,7 @@ use rebound_core::hedge::{HedgeLayer, HedgePolicy};
 use rebound_core::idempotency::IdempotencyKeyLayer;
 use rebound_core::limit::{
     AdaptiveLimitLayer, AdaptiveLimiter, Aimd, Algorithm, ConcurrencyLimitLayer,
-    ConcurrencyLimiter, LimitBody,
+    ConcurrencyLimiter, HostLimiters, LimitBody,
 };
 use rebound_core::ratelimit::RateLimitLayer;
 use rebound_core::reconcile::{Check, OperationId, ReconcileLayer};
@@ -206,6 +207,7 @@ use rebound_core::retry::{RetryBudget, RetryLayer, RetryPolicy};
 use rebound_core::retry_after::{OverCap, RetryAfterLayer};
 use rebound_core::shutdown::{ShutdownHandle, ShutdownLayer, ShutdownReport};
 use rebound_core::stack::{StackBody, StackLayer};
+use rebound_core::throttle::{ClientThrottle, ClientThrottleLayer};
 use rebound_core::trace::{TraceBody, TraceLayer};
 use rebound_core::{BoxError, Error, ErrorKind, Sent};
 use rustls::ClientConfig;
@@ -653,6 +655,8 @@ pub struct ClientBuilder {
     concurrency_shared: Option<Arc<ConcurrencyLimiter>>,
     adaptive: Option<Algorithm>,
     adaptive_shared: Option<Arc<AdaptiveLimiter>>,
+    adaptive_hosts: Option<Arc<HostLimiters>>,
+    throttle: Option<ClientThrottle>,
     gate: GateMode,
     gate_503: bool,
     gate_table: Option<Arc<GateTable>>,
@@ -693,6 +697,8 @@ impl Default for ClientBuilder {
             concurrency_shared: None,
             adaptive: Some(default_adaptive_limit().into()),
             adaptive_shared: None,
+            adaptive_hosts: None,
+            throttle: None,
             gate: GateMode::Wait,
             gate_503: false,
             gate_table: None,
@@ -959,16 +965,49 @@ impl ClientBuilder {
     /// overload point). A gradient limit also follows the round-trip time
     /// against its measured minimum, for an upstream that queues instead
     /// of refusing. See [`rebound_core::limit::adaptive`].
+    ///
+    /// The limit is **per host** ([`HostLimiters`], at most
+    /// [`HostLimiters::DEFAULT_MAX_HOSTS`] hosts, the least recently used
+    /// evicted past that): one slow or overloaded host shrinks its own
+    /// limit only. For one limit shared by every host, give
+    /// [`adaptive_limiter`](Self::adaptive_limiter) one limiter. (A client
+    /// with a [`hedge`](Self::hedge) runs the layered stack, whose adaptive
+    /// limit is one per client.)
     pub fn adaptive_limit(mut self, algorithm: impl Into<Option<Algorithm>>) -> Self {
         self.adaptive = algorithm.into();
         self.adaptive_shared = None;
+        self.adaptive_hosts = None;
         self
     }
 
-    /// Share one adaptive limiter (e.g. with other clients of the same
-    /// upstream). Default: none.
+    /// Share one adaptive limiter for every host (e.g. with other clients
+    /// of the same upstream). Default: none (a limiter per host).
     pub fn adaptive_limiter(mut self, limiter: Arc<AdaptiveLimiter>) -> Self {
         self.adaptive_shared = Some(limiter);
+        self.adaptive_hosts = None;
+        self
+    }
+
+    /// Client-side adaptive throttling (Google SRE, "Handling Overload"),
+    /// or `None` to keep it off (the default). On, each attempt is counted
+    /// with its host over a sliding window (default 2 minutes) and shed
+    /// locally with probability `max(0, (requests − K·accepts) /
+    /// (requests + 1))` (K = 2 by default): a shed attempt fails at once
+    /// with [`ErrorKind::ClientThrottled`], not sent, not retried, and a
+    /// retry it cuts short gives its budget token back. See
+    /// [`rebound_core::throttle`]. (A client with a [`hedge`](Self::hedge)
+    /// runs the layered stack, which has no throttle.)
+    pub fn client_throttle(mut self, throttle: impl Into<Option<ClientThrottle>>) -> Self {
+        self.throttle = throttle.into();
+        self
+    }
+
+    /// Share a set of per-host adaptive limiters (with other clients, or
+    /// to observe each host's limit). Default: the client's own, of
+    /// [`adaptive_limit`](Self::adaptive_limit)'s algorithm.
+    pub fn adaptive_host_limiters(mut self, hosts: Arc<HostLimiters>) -> Self {
+        self.adaptive_hosts = Some(hosts);
+        self.adaptive_shared = None;
         self
     }
 
@@ -1435,11 +1474,26 @@ impl ClientBuilder {
             (None, Some(max)) => Some(ConcurrencyLimitLayer::try_new(max)?),
             (None, None) => None,
         };
-        let stack_adaptive = match (&self.adaptive_shared, &self.adaptive) {
-            (Some(shared), _) => Some(AdaptiveLimitLayer::shared(Arc::clone(shared))),
-            (None, Some(aimd)) => Some(AdaptiveLimitLayer::try_new(*aimd)?),
-            (None, None) => None,
-        };
+        let stack_throttle = self
+            .throttle
+            .map(ClientThrottleLayer::try_new)
+            .transpose()?;
+        // Per host unless one limiter is shared for all.
+        let (stack_adaptive, stack_hosts) =
+            match (&self.adaptive_shared, &self.adaptive_hosts, &self.adaptive) {
+                (Some(shared), _, _) => {
+                    (Some(AdaptiveLimitLayer::shared(Arc::clone(shared))), None)
+                }
+                (None, Some(hosts), _) => (None, Some(Arc::clone(hosts))),
+                (None, None, Some(algorithm)) => (
+                    None,
+                    Some(Arc::new(HostLimiters::try_new(
+                        *algorithm,
+                        HostLimiters::DEFAULT_MAX_HOSTS,
+                    )?)),
+                ),
+                (None, None, None) => (None, None),
+            };
         let concurrency = match (self.concurrency_shared, self.concurrency) {
             (Some(shared), _) => ConcurrencyLimitLayer::shared(shared),
             (None, Some(max)) => ConcurrencyLimitLayer::try_new(max)?,
@@ -1540,6 +1594,8 @@ impl ClientBuilder {
             .circuit_breaker(stack_breaker)
             .rate_limit(stack_rate_limit)
             .adaptive_limit(stack_adaptive)
+            .adaptive_limit_per_host(stack_hosts)
+            .client_throttle(stack_throttle)
             .retry_after(retry_after.clone())
             .attempt_timeout(attempt)
             .classifier(classifier)

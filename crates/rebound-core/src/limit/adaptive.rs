@@ -391,6 +391,8 @@ pub struct AdaptiveLimiter {
     /// The AIMD settings' maximum (the lock-free happy path), or
     /// `usize::MAX` for the gradient (which samples every success).
     fast_max: usize,
+    /// The gradient's slot stamps count from here.
+    base: Instant,
     /// Mirror of `state.limit`, readable without the lock.
     current: AtomicUsize,
     /// Mirror of `state.epoch`, read when a slot is taken.
@@ -471,6 +473,7 @@ impl AdaptiveLimiter {
             }),
             algorithm,
             fast_max,
+            base: Instant::now(),
             current: AtomicUsize::new(initial),
             epoch: AtomicU64::new(0),
             queued: AtomicUsize::new(0),
@@ -556,6 +559,13 @@ impl AdaptiveLimiter {
         }
     }
 
+    /// Now, as ns since the limiter's base plus one (8 bytes in a slot,
+    /// where an `Option<Instant>` takes 16).
+    fn stamp(&self, now: Instant) -> u64 {
+        let ns = now.saturating_duration_since(self.base).as_nanos();
+        u64::try_from(ns).unwrap_or(u64::MAX - 1) + 1
+    }
+
     fn lock(&self) -> MutexGuard<'_, LimitState> {
         // The state stays consistent even if a holder panicked: every update
         // is a few integer assignments.
@@ -563,14 +573,9 @@ impl AdaptiveLimiter {
     }
 
     /// Record the outcome of an attempt that took its slot in `epoch` (at
-    /// `started`, for the gradient), then give the slot back.
-    fn finish(
-        &self,
-        permit: OwnedSemaphorePermit,
-        epoch: u64,
-        started: Option<Instant>,
-        outcome: Outcome,
-    ) {
+    /// `started`, a [`stamp`](Self::stamp), for the gradient), then give
+    /// the slot back.
+    fn finish(&self, permit: OwnedSemaphorePermit, epoch: u64, started: u64, outcome: Outcome) {
         // Happy path, without the lock: a success at the maximum changes
         // nothing, and at the maximum there is no debt (debt never exceeds
         // `max - limit`: a decrease of `e` adds at most `e`, growth pays it
@@ -661,7 +666,7 @@ impl AdaptiveLimiter {
         st: &mut LimitState,
         g: &Gradient,
         epoch: u64,
-        started: Option<Instant>,
+        started: u64,
         in_flight: usize,
         outcome: Outcome,
     ) {
@@ -673,7 +678,10 @@ impl AdaptiveLimiter {
             .expect("a gradient limiter has its state");
         let target = match outcome {
             Outcome::Success => {
-                let Some(started) = started else { return };
+                if started == 0 {
+                    return;
+                }
+                let started = self.base + Duration::from_nanos(started - 1);
                 match state.sample(g, started, epoch, current, in_flight, limit) {
                     Move::Stay => return,
                     Move::To(target) => target,
@@ -774,16 +782,27 @@ struct Slot {
     epoch: u64,
     /// When the attempt took the slot (the gradient's round-trip time; no
     /// clock is read for AIMD).
-    started: Option<Instant>,
+    /// (ns since the limiter's base, plus one; 0: not taken).
+    started: u64,
     limiter: Arc<AdaptiveLimiter>,
 }
 
 impl Slot {
     fn new(permit: OwnedSemaphorePermit, limiter: &Arc<AdaptiveLimiter>) -> Self {
+        let mut slot = Self::unstamped(permit, limiter);
+        if limiter.fast_max == usize::MAX {
+            slot.started = limiter.stamp(Instant::now());
+        }
+        slot
+    }
+
+    /// A slot whose start the caller stamps (the whole-stack service, with
+    /// the clock read it makes anyway to arm the attempt's timer).
+    fn unstamped(permit: OwnedSemaphorePermit, limiter: &Arc<AdaptiveLimiter>) -> Self {
         Slot {
             permit: Some(permit),
             epoch: limiter.epoch.load(Ordering::Acquire),
-            started: (limiter.fast_max == usize::MAX).then(Instant::now),
+            started: 0,
             limiter: limiter.clone(),
         }
     }
@@ -1141,7 +1160,7 @@ impl AdaptiveLimiter {
     pub(crate) fn try_slot(self: &Arc<Self>) -> Option<AttemptSlot> {
         let permit = self.semaphore.clone().try_acquire_owned().ok()?;
         Some(AttemptSlot {
-            slot: Slot::new(permit, self),
+            slot: Slot::unstamped(permit, self),
             queued: false,
         })
     }
@@ -1162,7 +1181,7 @@ impl AdaptiveLimiter {
             drop(queue);
             match permit {
                 Some(permit) => Ok(AttemptSlot {
-                    slot: Slot::new(permit, &limiter),
+                    slot: Slot::unstamped(permit, &limiter),
                     queued: true,
                 }),
                 None => {
@@ -1182,6 +1201,14 @@ impl AdaptiveLimiter {
 
 #[cfg(feature = "stack")]
 impl AttemptSlot {
+    /// The attempt is called now (the gradient's round-trip time starts;
+    /// nothing for AIMD).
+    pub(crate) fn called_at(&mut self, now: Instant) {
+        if self.slot.limiter.fast_max == usize::MAX {
+            self.slot.started = self.slot.limiter.stamp(now);
+        }
+    }
+
     /// Feed the attempt's outcome into the limit and give the slot back;
     /// the outcome shows the limiter's state off the happy path (the
     /// attempt queued, or overloaded the upstream), as [`AdaptiveLimit`]'s

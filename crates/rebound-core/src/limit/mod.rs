@@ -105,6 +105,8 @@
 pub mod adaptive;
 pub mod concurrency;
 mod gradient;
+#[cfg(any(feature = "breaker", feature = "retry-after"))]
+pub mod per_host;
 
 #[cfg(feature = "stack")]
 pub(crate) use self::adaptive::AttemptSlot;
@@ -114,6 +116,8 @@ pub use self::adaptive::{
 pub use self::concurrency::{
     ConcurrencyLimit, ConcurrencyLimitLayer, ConcurrencyLimiter, LimitBody,
 };
+#[cfg(any(feature = "breaker", feature = "retry-after"))]
+pub use self::per_host::HostLimiters;
 
 use std::future::Future;
 use std::pin::Pin;
