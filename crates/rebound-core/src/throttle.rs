@@ -405,6 +405,13 @@ pub(crate) fn shed_error(method: &http::Method, uri: &Uri, p: f64) -> Error {
         reason: Reason::new_static("client throttled"),
     });
     ext.insert(ThrottleProbability(p));
+    // The refusal's event: the probability, never the host or the URL.
+    tracing::debug!(
+        rebound.throttle_probability = p,
+        "attempt shed by client-side throttling"
+    );
+    #[cfg(feature = "metrics")]
+    crate::metrics::record_throttle_shed(p);
     err
 }
 

@@ -724,12 +724,20 @@ impl AdaptiveLimiter {
             drop(permit);
         }
         let after = st.limit;
+        let ms = |ns: u64| (ns > 0).then(|| ns as f64 / 1e6);
+        let (min_rtt, sample_rtt) = st
+            .gradient
+            .as_ref()
+            .map_or((None, None), |g| (ms(g.min_rtt), ms(g.sample_rtt)));
         drop(st);
         if after != before {
             self.current.store(after, Ordering::Release);
             tracing::debug!(
                 current_limit = after,
                 previous_limit = before,
+                algorithm = self.algorithm.name(),
+                min_rtt_ms = min_rtt,
+                sample_rtt_ms = sample_rtt,
                 cause = if after < before {
                     "overload"
                 } else {
@@ -738,7 +746,10 @@ impl AdaptiveLimiter {
                 "adaptive limit changed"
             );
             #[cfg(feature = "metrics")]
-            metrics::gauge!("rebound_adaptive_limit").set(after as f64);
+            {
+                metrics::gauge!("rebound_adaptive_limit").set(after as f64);
+                crate::metrics::record_adaptive(after, min_rtt, sample_rtt);
+            }
         }
     }
 
