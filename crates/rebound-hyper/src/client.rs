@@ -58,7 +58,8 @@
 //! | [`BackoffLayer`] | proposes the delay; Retry-After wins | [`backoff`](ClientBuilder::backoff) |
 //! | [`RetryAfterGateLayer`] (closing) | closes a host's gate on a 429 with Retry-After; holds retries | [`retry_after_gate`](ClientBuilder::retry_after_gate) (wait, fail fast, off), [`retry_after_gate_on_503`](ClientBuilder::retry_after_gate_on_503) |
 //! | [`RateLimitLayer`] | each attempt paced by the quota its host announces | [`rate_limit`](ClientBuilder::rate_limit) |
-//! | [`AdaptiveLimitLayer`] | attempts in flight; shrinks on 429/503/timeouts | [`adaptive_limit`](ClientBuilder::adaptive_limit) |
+//! | [`ClientThrottleLayer`] | **off by default**; on, each attempt counted with its host and shed locally while the host accepts too few (Google SRE) | [`client_throttle`](ClientBuilder::client_throttle) |
+//! | [`AdaptiveLimitLayer`] | attempts in flight, per host; AIMD shrinks on 429/503/timeouts, a gradient limit also on latency | [`adaptive_limit`](ClientBuilder::adaptive_limit) |
 //! | [`RetryAfterLayer`] | parses Retry-After / pushback into a hint | [`retry_after_cap`](ClientBuilder::retry_after_cap) |
 //! | [`ClassifyLayer`] | each attempt's [`Verdict`](rebound_core::Verdict) | [`classifier`](ClientBuilder::classifier) |
 //! | [`AttemptTimeoutLayer`] | time to the response head, per attempt | [`attempt_timeout`](ClientBuilder::attempt_timeout) |
@@ -995,8 +996,7 @@ impl ClientBuilder {
     /// (requests + 1))` (K = 2 by default): a shed attempt fails at once
     /// with [`ErrorKind::ClientThrottled`], not sent, not retried, and a
     /// retry it cuts short gives its budget token back. See
-    /// [`rebound_core::throttle`]. (A client with a [`hedge`](Self::hedge)
-    /// runs the layered stack, which has no throttle.)
+    /// [`rebound_core::throttle`].
     pub fn client_throttle(mut self, throttle: impl Into<Option<ClientThrottle>>) -> Self {
         self.throttle = throttle.into();
         self
@@ -1560,6 +1560,7 @@ impl ClientBuilder {
             None => Some(RateLimitLayer::new()),
         };
         let pace = tower::util::option_layer(stack_rate_limit.clone());
+        let shed = tower::util::option_layer(stack_throttle.clone());
         let client_breaker = stack_breaker.clone();
         let trace = match self.path_redaction {
             Some(path) => self.trace.with_path_redaction(path),
@@ -1630,9 +1631,9 @@ impl ClientBuilder {
         }
 
         let attempts = AttemptStack::new(trace.attempt_layer().layer(propagate.layer(
-            backoff.layer(gate.layer(pace.layer(
+            backoff.layer(gate.layer(pace.layer(shed.layer(
                 adaptive.layer(retry_after.layer(classify.layer(attempt.layer(transport.clone())))),
-            ))),
+            )))),
         )));
         // Shutdown right under the request span (which then records a
         // refused or cut request), above everything that waits. The breaker
@@ -1659,9 +1660,9 @@ impl ClientBuilder {
         );
         let collecting_attempts =
             CollectingAttemptStack::new(trace.attempt_layer().layer(propagate.layer(
-                backoff.layer(gate.layer(
-                    pace.layer(adaptive.layer(retry_after.layer(classify.layer(collected)))),
-                )),
+                backoff.layer(gate.layer(pace.layer(
+                    shed.layer(adaptive.layer(retry_after.layer(classify.layer(collected)))),
+                ))),
             )));
         let collecting = trace.layer(closes.layer(CancelLayer::new().layer(deadline.layer(
             hold.layer(

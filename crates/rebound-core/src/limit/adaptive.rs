@@ -681,8 +681,9 @@ impl AdaptiveLimiter {
                 if started == 0 {
                     return;
                 }
-                let started = self.base + Duration::from_nanos(started - 1);
-                match state.sample(g, started, epoch, current, in_flight, limit) {
+                let now = self.stamp(Instant::now());
+                let rtt = now.saturating_sub(started);
+                match state.sample(g, (now, rtt), (epoch, current), in_flight, limit) {
                     Move::Stay => return,
                     Move::To(target) => target,
                 }

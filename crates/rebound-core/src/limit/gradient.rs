@@ -7,7 +7,6 @@ use std::time::Duration;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tokio::sync::Semaphore;
-use tokio::time::Instant;
 
 use crate::error::Error;
 
@@ -141,6 +140,10 @@ impl Gradient {
         self
     }
 
+    fn update_ns(&self) -> u64 {
+        u64::try_from(self.update_interval.as_nanos()).unwrap_or(u64::MAX)
+    }
+
     pub(crate) fn validate(&self) -> Result<(), Error> {
         let bad = |what: String| Err(Error::config(format!("gradient limit: {what}")));
         if self.min == 0 {
@@ -219,12 +222,14 @@ pub(crate) struct GradientState {
     pub(crate) min_rtt: u64,
     /// The last window's round-trip time (ns); 0: none yet.
     pub(crate) sample_rtt: u64,
-    window_start: Option<Instant>,
+    /// Times are ns since the limiter's base (plain integers: no `Instant`
+    /// arithmetic on the happy path).
+    window_start: Option<u64>,
     sum_ns: u128,
     count: usize,
     /// Most attempts in flight seen in the window.
     peak: usize,
-    next_probe: Option<Instant>,
+    next_probe: Option<u64>,
     probe: Option<Probe>,
     rng: SmallRng,
 }
@@ -259,32 +264,28 @@ impl GradientState {
         self.probe.is_some()
     }
 
-    fn schedule_probe(&mut self, g: &Gradient, now: Instant) {
+    fn schedule_probe(&mut self, g: &Gradient, now: u64) {
         let jitter = if g.probe_jitter > 0.0 {
             self.rng.random_range(-g.probe_jitter..g.probe_jitter)
         } else {
             0.0
         };
         let secs = g.probe_interval.as_secs_f64() * (1.0 + jitter);
-        self.next_probe = Some(now + Duration::from_secs_f64(secs.max(0.0)));
+        self.next_probe = Some(now.saturating_add((secs.max(0.0) * 1e9) as u64));
     }
 
-    /// A successful attempt that took its slot at `started` (its
-    /// round-trip time ends now), in generation `epoch`, with `in_flight`
-    /// attempts in flight (it included) and the limit at `limit`,
-    /// generation `current`.
+    /// A successful attempt that ended at `now` after `rtt` (ns), of
+    /// generation `epoch` (the limit's being `current`), with `in_flight`
+    /// attempts in flight (it included) and the limit at `limit`.
     pub(crate) fn sample(
         &mut self,
         g: &Gradient,
-        started: Instant,
-        epoch: u64,
-        current: u64,
+        (now, rtt): (u64, u64),
+        (epoch, current): (u64, u64),
         in_flight: usize,
         limit: usize,
     ) -> Move {
-        let now = Instant::now();
-        let rtt = now.saturating_duration_since(started);
-        let ns = u64::try_from(rtt.as_nanos()).unwrap_or(u64::MAX).max(1);
+        let ns = rtt.max(1);
         if let Some(probe) = &mut self.probe {
             if epoch >= probe.epoch {
                 probe.sum_ns += u128::from(ns);
@@ -306,7 +307,7 @@ impl GradientState {
         self.sum_ns += u128::from(ns);
         self.count += 1;
         self.peak = self.peak.max(in_flight);
-        if now.saturating_duration_since(start) < g.update_interval {
+        if now.saturating_sub(start) < g.update_ns() {
             return Move::Stay;
         }
         let sample = (self.sum_ns / self.count as u128).max(1) as u64;
@@ -335,7 +336,7 @@ impl GradientState {
         Move::To(self.update(g, sample, peak))
     }
 
-    fn reset_window(&mut self, now: Instant) {
+    fn reset_window(&mut self, now: u64) {
         self.window_start = Some(now);
         self.sum_ns = 0;
         self.count = 0;
