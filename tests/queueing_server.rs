@@ -337,3 +337,233 @@ async fn rebound_client_against_a_server_refusing_nine_in_ten() {
     assert_eq!(snap.accepted, snap.received.div_ceil(10));
     assert!(ok <= snap.completed);
 }
+
+/// The client with a gradient limit at 4× the server's capacity: after a
+/// warm-up the limit sits near the workers plus its headroom, so the
+/// server's queue (and its p99) stays short while every worker is busy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gradient_client_at_four_times_capacity_keeps_the_queue_short() {
+    use rebound::limit::{AdaptiveLimiter, Gradient};
+    const WORKERS: usize = 8;
+    const LATENCY: Duration = Duration::from_millis(20);
+    let server = QueueingServer::builder()
+        .workers(WORKERS)
+        .latency(LATENCY)
+        .start()
+        .await;
+    let limiter = Arc::new(AdaptiveLimiter::try_new(Gradient::default()).unwrap());
+    let client = rebound::Client::builder()
+        .total_timeout(Duration::from_secs(5))
+        .adaptive_limiter(limiter.clone())
+        .build()
+        .unwrap();
+    let url = server.url("/work");
+    let run = |until: Duration| {
+        let start = Instant::now();
+        let mut callers = JoinSet::new();
+        for _ in 0..4 * WORKERS {
+            let (client, url) = (client.clone(), url.clone());
+            callers.spawn(async move {
+                for _ in 0..500 {
+                    if start.elapsed() >= until {
+                        break;
+                    }
+                    let res = client.get(url.as_str()).await.unwrap();
+                    assert_eq!(res.status(), 200);
+                    let _ = res.into_body().collect().await;
+                }
+            });
+        }
+        async move {
+            timeout(Duration::from_secs(30), async {
+                while let Some(done) = callers.join_next().await {
+                    done.expect("no caller panicked");
+                }
+            })
+            .await
+            .expect("the callers finished");
+        }
+    };
+    run(Duration::from_secs(2)).await;
+    server.reset_latency();
+    run(Duration::from_secs(1)).await;
+    let snap = server.snapshot();
+    let limit = limiter.current_limit();
+    println!(
+        "gradient, {} callers on {WORKERS} workers × {LATENCY:?}: limit {limit}, min rtt {:?}, \
+         sample rtt {:?}, server-side p50 {:?} p99 {:?}",
+        4 * WORKERS,
+        limiter.min_rtt(),
+        limiter.sample_rtt(),
+        snap.latency.p50,
+        snap.latency.p99,
+    );
+    assert!(limit <= 3 * WORKERS, "limit {limit}");
+    assert!(snap.latency.p99 < LATENCY * 3, "{:?}", snap.latency);
+}
+
+#[test]
+fn a_bad_gradient_is_refused_by_build() {
+    let err = rebound::Client::builder()
+        .adaptive_limit(rebound::limit::Gradient::default().smoothing(0.0))
+        .build()
+        .unwrap_err();
+    assert_eq!(err.kind(), rebound::ErrorKind::Config);
+    assert!(err.to_string().contains("smoothing"), "{err}");
+}
+
+/// Two hosts, one 10× slower: with the client's per-host limit the slow
+/// host shrinks its own limit only, and the other keeps its workers busy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_host_limits_keep_a_slow_host_to_itself() {
+    use rebound::limit::{Gradient, HostLimiters};
+    const WORKERS: usize = 4;
+    const LATENCY: Duration = Duration::from_millis(20);
+    const RUN: Duration = Duration::from_secs(2);
+    let fast = QueueingServer::builder()
+        .workers(WORKERS)
+        .latency(LATENCY)
+        .start()
+        .await;
+    let slow = QueueingServer::builder()
+        .workers(WORKERS)
+        .latency(LATENCY * 10)
+        .start()
+        .await;
+    let hosts = Arc::new(HostLimiters::try_new(Gradient::default(), 16).unwrap());
+    let client = rebound::Client::builder()
+        .total_timeout(Duration::from_secs(10))
+        .adaptive_host_limiters(hosts.clone())
+        .build()
+        .unwrap();
+    let start = Instant::now();
+    let mut callers = JoinSet::new();
+    for url in [fast.url("/work"), slow.url("/work")] {
+        for _ in 0..3 * WORKERS {
+            let (client, url) = (client.clone(), url.clone());
+            callers.spawn(async move {
+                for _ in 0..500 {
+                    if start.elapsed() >= RUN {
+                        break;
+                    }
+                    let res = client.get(url.as_str()).await.unwrap();
+                    assert_eq!(res.status(), 200);
+                    let _ = res.into_body().collect().await;
+                }
+            });
+        }
+    }
+    timeout(Duration::from_secs(30), async {
+        while let Some(done) = callers.join_next().await {
+            done.expect("no caller panicked");
+        }
+    })
+    .await
+    .expect("the callers finished");
+    let elapsed = start.elapsed().as_secs_f64();
+    let (f, s) = (fast.snapshot(), slow.snapshot());
+    let fast_limit = hosts.get(&fast.url("/").parse().unwrap()).unwrap();
+    let slow_limit = hosts.get(&slow.url("/").parse().unwrap()).unwrap();
+    let capacity = WORKERS as f64 / LATENCY.as_secs_f64();
+    println!(
+        "per host: fast host {} completed ({:.0} % of capacity), limit {}; \
+         slow host {} completed, limit {}",
+        f.completed,
+        100.0 * f.completed as f64 / (capacity * elapsed),
+        fast_limit.current_limit(),
+        s.completed,
+        slow_limit.current_limit(),
+    );
+    assert_eq!(hosts.len(), 2);
+    assert!(!Arc::ptr_eq(&fast_limit, &slow_limit));
+    // The fast host's limit kept its workers busy.
+    assert!(fast_limit.current_limit() >= WORKERS, "{fast_limit:?}");
+    assert!(
+        f.completed > 5 * s.completed,
+        "{} vs {}",
+        f.completed,
+        s.completed
+    );
+}
+
+/// What a client sends a fixed-capacity server (2 workers, no queue: 503
+/// past capacity) while offering ~10× what it can take, with client-side
+/// throttling on and off: (received, accepted, shed locally).
+async fn offered_ten_times_capacity(throttle: bool) -> (u64, u64, u64) {
+    use rebound::throttle::ClientThrottle;
+    const WORKERS: usize = 2;
+    const LATENCY: Duration = Duration::from_millis(20);
+    const RUN: Duration = Duration::from_secs(2);
+    let server = QueueingServer::builder()
+        .workers(WORKERS)
+        .latency(LATENCY)
+        .queue_bound(0)
+        .start()
+        .await;
+    // One attempt per call and no breaker: the throttle alone decides what
+    // is sent.
+    let client = rebound::Client::builder()
+        .max_attempts(1)
+        .circuit_breaker(None)
+        .adaptive_limit(None)
+        .client_throttle(throttle.then(|| ClientThrottle::default().seed(9)))
+        .build()
+        .unwrap();
+    let url = server.url("/work");
+    let shed = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let mut callers = JoinSet::new();
+    // 20 callers, each pausing 20 ms between calls: ~10× the 100/s the
+    // two workers take.
+    for _ in 0..20 {
+        let (client, url, shed) = (client.clone(), url.clone(), shed.clone());
+        callers.spawn(async move {
+            for _ in 0..2_000 {
+                if start.elapsed() >= RUN {
+                    break;
+                }
+                match client.get(url.as_str()).await {
+                    Ok(res) => {
+                        let _ = res.into_body().collect().await;
+                    }
+                    Err(e) if e.kind() == rebound::ErrorKind::ClientThrottled => {
+                        assert_eq!(
+                            e.extensions().get::<rebound::Sent>(),
+                            Some(&rebound::Sent::NotSent)
+                        );
+                        shed.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => panic!("{e}"),
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        });
+    }
+    timeout(Duration::from_secs(30), async {
+        while let Some(done) = callers.join_next().await {
+            done.expect("no caller panicked");
+        }
+    })
+    .await
+    .expect("the callers finished");
+    let snap = server.snapshot();
+    (snap.received, snap.accepted, shed.load(Ordering::Relaxed))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_throttling_sends_about_k_times_what_is_accepted() {
+    let (r_off, a_off, shed_off) = offered_ten_times_capacity(false).await;
+    let (r_on, a_on, shed_on) = offered_ten_times_capacity(true).await;
+    println!(
+        "fixed capacity, ~10x offered: throttle off: received {r_off}, accepted {a_off} \
+         ({:.2}x); throttle on (K = 2): received {r_on}, accepted {a_on} ({:.2}x), \
+         {shed_on} shed locally",
+        r_off as f64 / a_off.max(1) as f64,
+        r_on as f64 / a_on.max(1) as f64,
+    );
+    assert_eq!(shed_off, 0);
+    assert!(shed_on > 0);
+    // Off, the server receives several times what it accepts; on, about K.
+    assert!(r_off as f64 > 4.0 * a_off as f64, "{r_off} / {a_off}");
+    assert!((r_on as f64) < 3.0 * a_on as f64, "{r_on} / {a_on}");
+}

@@ -64,6 +64,7 @@ fn a_client_with_every_option_runs_every_row() {
         .hedge(HedgePolicy::fixed(Duration::from_millis(50)))
         .reconcile(ReconcileLayer::new(check))
         .deadline_header(http::HeaderName::from_static("x-budget-ms"))
+        .client_throttle(rebound::throttle::ClientThrottle::default())
         .build()
         .unwrap();
     let expected: Vec<&str> = rows.iter().map(|(n, _)| n.as_str()).collect();

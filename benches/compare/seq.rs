@@ -30,6 +30,31 @@ fn columns() -> Result<Vec<Box<dyn Column>>, BoxError> {
             "rebound::Client, no-pacing (rate_limit(None))",
             Rebound::new(rebound::Client::builder().rate_limit(None).build()?),
         ),
+        // `--filter client-wide-aimd`: the default AIMD limit as one
+        // limiter for every host (what the default was before issue 22),
+        // for the per-host limit's cost.
+        column(
+            "rebound::Client, client-wide-aimd (adaptive_limiter)",
+            Rebound::new(
+                rebound::Client::builder()
+                    .adaptive_limiter(std::sync::Arc::new(
+                        rebound::limit::AdaptiveLimiter::try_new(
+                            rebound::rebound_hyper::client::default_adaptive_limit(),
+                        )?,
+                    ))
+                    .build()?,
+            ),
+        ),
+        // `--filter gradient`: the per-host limit with the gradient
+        // algorithm, for its cost over AIMD.
+        column(
+            "rebound::Client, gradient (adaptive_limit(Gradient))",
+            Rebound::new(
+                rebound::Client::builder()
+                    .adaptive_limit(rebound::limit::Gradient::default())
+                    .build()?,
+            ),
+        ),
     ])
 }
 

@@ -387,6 +387,9 @@ fn classify_error(err: &Error) -> Verdict {
         ErrorKind::Throttled => return fatal("throttled"),
         // Failed before sending: the quota is out past the deadline.
         ErrorKind::QuotaExhausted => return fatal("quota exhausted"),
+        // Shed locally by client-side throttling, never sent: the host
+        // accepts too little for a retry to help.
+        ErrorKind::ClientThrottled => return fatal("client throttled"),
         // Failed at once by a circuit breaker, never sent: retrying now
         // would only meet the open circuit again (and spend the budget).
         ErrorKind::CircuitOpen => return fatal("circuit open"),

@@ -167,6 +167,11 @@ pub enum ErrorKind {
     /// retried. The error carries when the quota resets (see
     /// `rebound_core::ratelimit`).
     QuotaExhausted,
+    /// Client-side adaptive throttling shed the attempt: its host has
+    /// accepted too few of the requests asked of it lately (Google SRE's
+    /// rule). The attempt was failed at once, **not sent**, and is not
+    /// retried (see `rebound_core::throttle`).
+    ClientThrottled,
     /// A circuit breaker is open for the request's host (or scope): the
     /// request was failed at once, **not sent**. The error names the host
     /// and when the circuit may close (see `rebound_core::breaker`).
@@ -203,6 +208,7 @@ impl ErrorKind {
             ErrorKind::Rejected => "rejected",
             ErrorKind::Throttled => "throttled",
             ErrorKind::QuotaExhausted => "quota_exhausted",
+            ErrorKind::ClientThrottled => "client_throttled",
             ErrorKind::CircuitOpen => "circuit_open",
             ErrorKind::Ambiguous => "ambiguous",
             ErrorKind::NotReplayable => "not_replayable",
@@ -228,6 +234,9 @@ impl fmt::Display for ErrorKind {
             ErrorKind::Rejected => f.write_str("rejected by the concurrency limiter"),
             ErrorKind::Throttled => f.write_str("throttled: the server asked for a pause"),
             ErrorKind::QuotaExhausted => f.write_str("quota exhausted"),
+            ErrorKind::ClientThrottled => {
+                f.write_str("throttled by the client: the host accepts too few requests")
+            }
             ErrorKind::CircuitOpen => f.write_str("circuit open"),
             ErrorKind::Ambiguous => f.write_str("ambiguous write"),
             ErrorKind::NotReplayable => f.write_str("request body not replayable"),

@@ -183,6 +183,27 @@ pub(crate) fn finish(h: impl Hasher) -> u64 {
     h.finish().max(CLAIMING + 1)
 }
 
+/// The key is already a keyed hash of the authority: hash it no further.
+#[derive(Default)]
+pub(crate) struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is used; fold anything else in.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
 /// A request's host as the table keys and names it: its scheme and
 /// authority, borrowed.
 #[derive(Clone, Copy, Debug)]

@@ -127,6 +127,9 @@ pub mod ratelimit;
 #[cfg(feature = "shutdown")]
 #[cfg_attr(docsrs, doc(cfg(feature = "shutdown")))]
 pub mod shutdown;
+#[cfg(feature = "throttle")]
+#[cfg_attr(docsrs, doc(cfg(feature = "throttle")))]
+pub mod throttle;
 #[cfg(any(feature = "limit", feature = "retry-after"))]
 mod wait;
 
@@ -188,7 +191,7 @@ pub use crate::hedge::{HedgeLayer, HedgePolicy};
 #[cfg(feature = "idempotency")]
 pub use crate::idempotency::IdempotencyKeyLayer;
 #[cfg(feature = "limit")]
-pub use crate::limit::{AdaptiveLimitLayer, Aimd, ConcurrencyLimitLayer};
+pub use crate::limit::{AdaptiveLimitLayer, Aimd, ConcurrencyLimitLayer, Gradient};
 #[cfg(feature = "ratelimit")]
 pub use crate::ratelimit::RateLimitLayer;
 #[cfg(feature = "reconcile")]

@@ -22,6 +22,11 @@
 //! | [`GATE_WAIT_DURATION`] `rebound.client.gate.wait.duration` | histogram | s | — | the same |
 //! | [`CIRCUIT_TRANSITIONS`] `rebound.client.circuit_breaker.transitions` | counter | {transition} | state | [`record_circuit_transition`], called by the circuit breaker |
 //! | [`CIRCUIT_REJECTED`] `rebound.client.circuit_breaker.rejected` | counter | {request} | — | [`record_circuit_rejected`], called by the circuit breaker |
+//! | [`ADAPTIVE_LIMIT`] `rebound.client.adaptive_limit.limit` | histogram | {request} | — | the adaptive limiter ([`record_adaptive`]), each time a host's limit changes |
+//! | [`ADAPTIVE_MIN_RTT`] `rebound.client.adaptive_limit.min_rtt` | histogram | s | — | the same, a gradient limit's minimum round-trip time |
+//! | [`ADAPTIVE_SAMPLE_RTT`] `rebound.client.adaptive_limit.sample_rtt` | histogram | s | — | the same, its sampled round-trip time |
+//! | [`THROTTLE_SHED`] `rebound.client.throttle.shed` | counter | {attempt} | — | client-side throttling ([`record_throttle_shed`]), per attempt shed |
+//! | [`THROTTLE_PROBABILITY`] `rebound.client.throttle.probability` | histogram | 1 | — | the same, the host's shedding probability then |
 //! | [`CIRCUITS_OPEN`] `rebound.client.circuit_breaker.open` | gauge | {circuit} | — | [`record_circuit_opened`] / [`record_circuit_closed`], called by the circuit breaker: circuits not closed (open or half-open) now, in every breaker of the process |
 //!
 //! Labels (keys in the `LABEL_*` constants):
@@ -106,6 +111,18 @@ pub const CIRCUIT_REJECTED: &str = "rebound.client.circuit_breaker.rejected";
 /// Circuits not closed (open or half-open) now: the breaker's state as a
 /// number, with no host label (see the module docs).
 pub const CIRCUITS_OPEN: &str = "rebound.client.circuit_breaker.open";
+/// An adaptive limit, recorded each time one changes (any host: the host
+/// is not a label).
+pub const ADAPTIVE_LIMIT: &str = "rebound.client.adaptive_limit.limit";
+/// A gradient limit's minimum round-trip time when its limit changed (s).
+pub const ADAPTIVE_MIN_RTT: &str = "rebound.client.adaptive_limit.min_rtt";
+/// A gradient limit's sampled round-trip time when its limit changed (s).
+pub const ADAPTIVE_SAMPLE_RTT: &str = "rebound.client.adaptive_limit.sample_rtt";
+/// Client-side throttling's shedding probability of a host, recorded on
+/// every attempt it shed.
+pub const THROTTLE_PROBABILITY: &str = "rebound.client.throttle.probability";
+/// Attempts client-side throttling shed.
+pub const THROTTLE_SHED: &str = "rebound.client.throttle.shed";
 
 /// Label: the request method (`_OTHER` for non-standard ones).
 pub const LABEL_METHOD: &str = "http.request.method";
@@ -210,6 +227,25 @@ pub fn describe() {
 pub fn record_limiter(state: &LimiterState) {
     gauge!(LIMITER_LIMIT, LABEL_LIMITER => state.limiter).set(f64::from(state.limit));
     gauge!(LIMITER_QUEUE_LENGTH, LABEL_LIMITER => state.limiter).set(f64::from(state.queued));
+}
+
+/// Record an adaptive limit that changed to `limit`, with a gradient's
+/// minimum and sampled round-trip times (ms). Called by the adaptive
+/// limiter.
+pub fn record_adaptive(limit: usize, min_rtt_ms: Option<f64>, sample_rtt_ms: Option<f64>) {
+    histogram!(ADAPTIVE_LIMIT).record(limit as f64);
+    if let Some(ms) = min_rtt_ms {
+        histogram!(ADAPTIVE_MIN_RTT).record(ms / 1e3);
+    }
+    if let Some(ms) = sample_rtt_ms {
+        histogram!(ADAPTIVE_SAMPLE_RTT).record(ms / 1e3);
+    }
+}
+
+/// Record an attempt client-side throttling shed with probability `p`.
+pub fn record_throttle_shed(p: f64) {
+    counter!(THROTTLE_SHED).increment(1);
+    histogram!(THROTTLE_PROBABILITY).record(p);
 }
 
 /// Record that a gate held a request for `wait`. For a gate to call, or

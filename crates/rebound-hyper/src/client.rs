@@ -58,7 +58,8 @@
 //! | [`BackoffLayer`] | proposes the delay; Retry-After wins | [`backoff`](ClientBuilder::backoff) |
 //! | [`RetryAfterGateLayer`] (closing) | closes a host's gate on a 429 with Retry-After; holds retries | [`retry_after_gate`](ClientBuilder::retry_after_gate) (wait, fail fast, off), [`retry_after_gate_on_503`](ClientBuilder::retry_after_gate_on_503) |
 //! | [`RateLimitLayer`] | each attempt paced by the quota its host announces | [`rate_limit`](ClientBuilder::rate_limit) |
-//! | [`AdaptiveLimitLayer`] | attempts in flight; shrinks on 429/503/timeouts | [`adaptive_limit`](ClientBuilder::adaptive_limit) |
+//! | [`ClientThrottleLayer`] | **off by default**; on, each attempt counted with its host and shed locally while the host accepts too few (Google SRE) | [`client_throttle`](ClientBuilder::client_throttle) |
+//! | [`AdaptiveLimitLayer`] | attempts in flight, per host; AIMD shrinks on 429/503/timeouts, a gradient limit also on latency | [`adaptive_limit`](ClientBuilder::adaptive_limit) |
 //! | [`RetryAfterLayer`] | parses Retry-After / pushback into a hint | [`retry_after_cap`](ClientBuilder::retry_after_cap) |
 //! | [`ClassifyLayer`] | each attempt's [`Verdict`](rebound_core::Verdict) | [`classifier`](ClientBuilder::classifier) |
 //! | [`AttemptTimeoutLayer`] | time to the response head, per attempt | [`attempt_timeout`](ClientBuilder::attempt_timeout) |
@@ -142,8 +143,9 @@
 //! What still holds a
 //! permit: a request's own backoff sleep, e.g. the retry of the request
 //! that got the 429 sleeping its Retry-After (that request is in flight,
-//! by design). The adaptive limit is one per client, not per host, so its
-//! waits are not per-host waits.
+//! by design). The adaptive limit is per host (one limiter per host,
+//! [`HostLimiters`]), so its waits are per-host waits: a host whose limit
+//! is full does not hold back requests to another.
 //!
 //! # Requests
 //!
@@ -200,7 +202,8 @@ use rebound_core::gate::{GateMode, GateTable, RetryAfterGateLayer};
 use rebound_core::hedge::{HedgeLayer, HedgePolicy};
 use rebound_core::idempotency::IdempotencyKeyLayer;
 use rebound_core::limit::{
-    AdaptiveLimitLayer, AdaptiveLimiter, Aimd, ConcurrencyLimitLayer, ConcurrencyLimiter, LimitBody,
+    AdaptiveLimitLayer, AdaptiveLimiter, Aimd, Algorithm, ConcurrencyLimitLayer,
+    ConcurrencyLimiter, HostLimiters, LimitBody,
 };
 use rebound_core::ratelimit::RateLimitLayer;
 use rebound_core::reconcile::{Check, CheckRequest, Inquiry, ReconcileLayer};
@@ -209,6 +212,7 @@ use rebound_core::retry::{RetryBudget, RetryLayer, RetryPolicy};
 use rebound_core::retry_after::{OverCap, RetryAfterLayer};
 use rebound_core::shutdown::{ShutdownHandle, ShutdownLayer, ShutdownReport};
 use rebound_core::stack::{StackBody, StackLayer};
+use rebound_core::throttle::{ClientThrottle, ClientThrottleLayer};
 use rebound_core::trace::{TraceBody, TraceLayer};
 use rebound_core::{BoxError, Error, ErrorKind, Sent};
 use rustls::ClientConfig;
@@ -716,8 +720,10 @@ pub struct ClientBuilder {
     deadline_header: Option<http::HeaderName>,
     concurrency: Option<usize>,
     concurrency_shared: Option<Arc<ConcurrencyLimiter>>,
-    adaptive: Option<Aimd>,
+    adaptive: Option<Algorithm>,
     adaptive_shared: Option<Arc<AdaptiveLimiter>>,
+    adaptive_hosts: Option<Arc<HostLimiters>>,
+    throttle: Option<ClientThrottle>,
     gate: GateMode,
     gate_503: bool,
     gate_table: Option<Arc<GateTable>>,
@@ -759,8 +765,10 @@ impl Default for ClientBuilder {
             deadline_header: None,
             concurrency: None,
             concurrency_shared: None,
-            adaptive: Some(default_adaptive_limit()),
+            adaptive: Some(default_adaptive_limit().into()),
             adaptive_shared: None,
+            adaptive_hosts: None,
+            throttle: None,
             gate: GateMode::Wait,
             gate_503: false,
             gate_table: None,
@@ -1063,23 +1071,58 @@ impl ClientBuilder {
         self
     }
 
-    /// The adaptive (AIMD) limit on attempts in flight, or `None` to turn it
-    /// off. Default: [`default_adaptive_limit`]: min 1, initial and max 256
+    /// The adaptive limit on attempts in flight — an [`Aimd`] or a
+    /// [`Gradient`](rebound_core::limit::Gradient) (latency-driven) — or `None` to turn it off. Default:
+    /// [`default_adaptive_limit`], AIMD with min 1, initial and max 256
     /// — unlimited in practice until the upstream answers 429/503 or times
     /// out; then it shrinks by 0.9× on the first overload and, while
     /// attempts wait, down to what the upstream is still serving, and grows
     /// back by one per window of successes (probing faster past the last
-    /// overload point). See [`rebound_core::limit::adaptive`].
-    pub fn adaptive_limit(mut self, aimd: impl Into<Option<Aimd>>) -> Self {
-        self.adaptive = aimd.into();
+    /// overload point). A gradient limit also follows the round-trip time
+    /// against its measured minimum, for an upstream that queues instead
+    /// of refusing. See [`rebound_core::limit::adaptive`].
+    ///
+    /// The limit is **per host** ([`HostLimiters`], at most
+    /// [`HostLimiters::DEFAULT_MAX_HOSTS`] hosts, the least recently used
+    /// evicted past that): one slow or overloaded host shrinks its own
+    /// limit only. For one limit shared by every host, give
+    /// [`adaptive_limiter`](Self::adaptive_limiter) one limiter. (A client
+    /// with a [`hedge`](Self::hedge) runs the layered stack, whose adaptive
+    /// limit is one per client.)
+    pub fn adaptive_limit(mut self, algorithm: impl Into<Option<Algorithm>>) -> Self {
+        self.adaptive = algorithm.into();
         self.adaptive_shared = None;
+        self.adaptive_hosts = None;
         self
     }
 
-    /// Share one adaptive limiter (e.g. with other clients of the same
-    /// upstream). Default: none.
+    /// Share one adaptive limiter for every host (e.g. with other clients
+    /// of the same upstream). Default: none (a limiter per host).
     pub fn adaptive_limiter(mut self, limiter: Arc<AdaptiveLimiter>) -> Self {
         self.adaptive_shared = Some(limiter);
+        self.adaptive_hosts = None;
+        self
+    }
+
+    /// Client-side adaptive throttling (Google SRE, "Handling Overload"),
+    /// or `None` to keep it off (the default). On, each attempt is counted
+    /// with its host over a sliding window (default 2 minutes) and shed
+    /// locally with probability `max(0, (requests − K·accepts) /
+    /// (requests + 1))` (K = 2 by default): a shed attempt fails at once
+    /// with [`ErrorKind::ClientThrottled`], not sent, not retried, and a
+    /// retry it cuts short gives its budget token back. See
+    /// [`rebound_core::throttle`].
+    pub fn client_throttle(mut self, throttle: impl Into<Option<ClientThrottle>>) -> Self {
+        self.throttle = throttle.into();
+        self
+    }
+
+    /// Share a set of per-host adaptive limiters (with other clients, or
+    /// to observe each host's limit). Default: the client's own, of
+    /// [`adaptive_limit`](Self::adaptive_limit)'s algorithm.
+    pub fn adaptive_host_limiters(mut self, hosts: Arc<HostLimiters>) -> Self {
+        self.adaptive_hosts = Some(hosts);
+        self.adaptive_shared = None;
         self
     }
 
@@ -1572,11 +1615,26 @@ impl ClientBuilder {
             (None, Some(max)) => Some(ConcurrencyLimitLayer::try_new(max)?),
             (None, None) => None,
         };
-        let stack_adaptive = match (&self.adaptive_shared, &self.adaptive) {
-            (Some(shared), _) => Some(AdaptiveLimitLayer::shared(Arc::clone(shared))),
-            (None, Some(aimd)) => Some(AdaptiveLimitLayer::try_new(*aimd)?),
-            (None, None) => None,
-        };
+        let stack_throttle = self
+            .throttle
+            .map(ClientThrottleLayer::try_new)
+            .transpose()?;
+        // Per host unless one limiter is shared for all.
+        let (stack_adaptive, stack_hosts) =
+            match (&self.adaptive_shared, &self.adaptive_hosts, &self.adaptive) {
+                (Some(shared), _, _) => {
+                    (Some(AdaptiveLimitLayer::shared(Arc::clone(shared))), None)
+                }
+                (None, Some(hosts), _) => (None, Some(Arc::clone(hosts))),
+                (None, None, Some(algorithm)) => (
+                    None,
+                    Some(Arc::new(HostLimiters::try_new(
+                        *algorithm,
+                        HostLimiters::DEFAULT_MAX_HOSTS,
+                    )?)),
+                ),
+                (None, None, None) => (None, None),
+            };
         let concurrency = match (self.concurrency_shared, self.concurrency) {
             (Some(shared), _) => ConcurrencyLimitLayer::shared(shared),
             (None, Some(max)) => ConcurrencyLimitLayer::try_new(max)?,
@@ -1643,6 +1701,7 @@ impl ClientBuilder {
             None => Some(RateLimitLayer::new()),
         };
         let pace = tower::util::option_layer(stack_rate_limit.clone());
+        let shed = tower::util::option_layer(stack_throttle.clone());
         let client_breaker = stack_breaker.clone();
         let trace = match self.path_redaction {
             Some(path) => self.trace.with_path_redaction(path),
@@ -1677,6 +1736,8 @@ impl ClientBuilder {
             .circuit_breaker(stack_breaker)
             .rate_limit(stack_rate_limit)
             .adaptive_limit(stack_adaptive)
+            .adaptive_limit_per_host(stack_hosts)
+            .client_throttle(stack_throttle)
             .retry_after(retry_after.clone())
             .attempt_timeout(attempt)
             .classifier(classifier)
@@ -1716,9 +1777,9 @@ impl ClientBuilder {
         }
 
         let attempts = AttemptStack::new(trace.attempt_layer().layer(propagate.layer(
-            backoff.layer(gate.layer(pace.layer(
+            backoff.layer(gate.layer(pace.layer(shed.layer(
                 adaptive.layer(retry_after.layer(classify.layer(attempt.layer(transport.clone())))),
-            ))),
+            )))),
         )));
         // Shutdown right under the request span (which then records a
         // refused or cut request), above everything that waits. The breaker
@@ -1750,9 +1811,9 @@ impl ClientBuilder {
         );
         let collecting_attempts =
             CollectingAttemptStack::new(trace.attempt_layer().layer(propagate.layer(
-                backoff.layer(gate.layer(
-                    pace.layer(adaptive.layer(retry_after.layer(classify.layer(collected)))),
-                )),
+                backoff.layer(gate.layer(pace.layer(
+                    shed.layer(adaptive.layer(retry_after.layer(classify.layer(collected)))),
+                ))),
             )));
         let collecting = trace.layer(closes.layer(CancelLayer::new().layer(deadline.layer(
             hold.layer(

@@ -11,7 +11,7 @@
 //! | `Cancelled` | `Cancelled` |
 //! | `Closed` | `Unavailable` |
 //! | `Connect`, `Tls`, `Timeout(Connect)` / `Timeout(Tls)`, `Transport`, `Body`, or marked [`Sent::NotSent`](crate::Sent) | `Unavailable` |
-//! | `Rejected` (a limit), `Throttled` (a Retry-After gate), `QuotaExhausted` (the pacer), `BodyTooLarge` | `ResourceExhausted` |
+//! | `Rejected` (a limit), `Throttled` (a Retry-After gate), `QuotaExhausted` (the pacer), `ClientThrottled` (client-side throttling), `BodyTooLarge` | `ResourceExhausted` |
 //! | `InvalidRequest` (e.g. a URL with no origin: tonic's `Grpc::new(client)` over `rebound::Client`; use `Grpc::with_origin`) | `Internal`: it would fail the same way again |
 //! | anything else | `Internal` |
 //!
@@ -62,6 +62,7 @@ pub fn code_of(err: &Error) -> tonic::Code {
         ErrorKind::Rejected
         | ErrorKind::Throttled
         | ErrorKind::QuotaExhausted
+        | ErrorKind::ClientThrottled
         | ErrorKind::BodyTooLarge => C::ResourceExhausted,
         // A request that cannot be sent as written (a URL with no origin,
         // a header that is not valid) fails the same way every time: not

@@ -1,10 +1,13 @@
-//! An adaptive (AIMD) limit on attempts in flight that shrinks when the
-//! upstream says it is overloaded.
+//! An adaptive limit on attempts in flight that shrinks when the upstream
+//! says it is overloaded (AIMD) or when its latency climbs (gradient).
 //!
-//! [`AdaptiveLimitLayer`] caps **attempts** in flight with an AIMD limit:
-//! it shrinks when the upstream says it is overloaded (429, 503, attempt
-//! timeout) and grows back while attempts succeed, probing faster once past
-//! the point where the upstream last refused.
+//! [`AdaptiveLimitLayer`] caps **attempts** in flight with a limit moved by
+//! one of two [`Algorithm`]s: [`Aimd`] shrinks when the upstream says it is
+//! overloaded (429, 503, attempt timeout) and grows back while attempts
+//! succeed, probing faster once past the point where the upstream last
+//! refused; [`Gradient`] follows the round-trip time against its measured
+//! minimum, for an upstream that queues instead of refusing (see
+//! [the gradient algorithm](#the-gradient-algorithm)).
 //!
 //! ```
 //! use std::convert::Infallible;
@@ -107,7 +110,7 @@
 //!
 //! # Defaults
 //!
-//! min 1, initial 20, max 200, backoff ratio 0.9 (the ready-made client
+//! AIMD: min 1, initial 20, max 200, backoff ratio 0.9 (the ready-made client
 //! uses initial = max = 256: unlimited in practice until the upstream says
 //! it is overloaded; the rules above bring it down in one burst). Netflix's
 //! concurrency-limits uses 20–200 with an initial 20 for its AIMD limit; we
@@ -117,6 +120,68 @@
 //! across many clients, where 20 is a floor worth keeping; a client facing
 //! one overloaded upstream must be able to back off to a single request in
 //! flight, or it keeps hammering a server that answers 429 to everything.
+//!
+//! # The gradient algorithm
+//!
+//! Most servers do not answer 429 when they are overloaded: they queue.
+//! Their latency climbs, every caller's deadline burns in the queue, and
+//! AIMD, which waits for a refusal, keeps the limit high. A [`Gradient`]
+//! limit (`AdaptiveLimitLayer::try_new(Gradient::default())`, or
+//! `ClientBuilder::adaptive_limit(Gradient::default())` in the ready-made
+//! client) reads the queue from the round-trip time of each successful
+//! attempt (slot taken to response head):
+//!
+//! * every **update interval** (100 ms), the round-trip times of the
+//!   attempts that ended since are averaged into the **sample RTT**;
+//! * the **minimum RTT** is the no-load round-trip time. It is measured at
+//!   the first window and then every **probe interval** (30 s ± 15 %
+//!   jitter): the limit drops to the **probe limit** (3) and the mean
+//!   round-trip time of the next **probe samples** (50) attempts that
+//!   started at that limit is the new minimum; the limit then goes back to
+//!   where it was. Between measurements, a window faster than the minimum
+//!   lowers it (live traffic); only a measurement raises it, so an upstream
+//!   that became slower for good is not mistaken for a queue for longer
+//!   than one interval;
+//! * each window then moves the limit `L` (a real number, floored for the
+//!   semaphore) to
+//!
+//!   ```text
+//!   gradient = clamp(tolerance × min_rtt / sample_rtt, 0.5, 1)
+//!   new      = L × gradient + √L            (headroom: √L)
+//!   L        = clamp((1 − smoothing) × L + smoothing × new, min, max)
+//!   ```
+//!
+//!   with `tolerance` 1.25 and `smoothing` 0.2. The gradient is 1 while the
+//!   upstream answers within the tolerance of its no-load time, and the
+//!   limit grows by `smoothing × √L` per window; a queue makes it smaller
+//!   than 1, down to halving. Against an upstream of `C` workers the limit
+//!   settles where `L ≈ tolerance × C + √L`: every worker busy, a queue of
+//!   about `0.25 C + √L`, the round-trip within about 1.3–1.6× the no-load
+//!   time;
+//! * the limit does not grow while fewer than half of it are in flight
+//!   (a quiet client does not inflate it), and the √L headroom and the 0.5
+//!   floor on the gradient keep noise from walking it down to zero (at
+//!   `L = 4` even a gradient of 0.5 gives `2 + 2`);
+//! * **loss** still counts: a 429 or 503, an attempt timeout and a
+//!   connect failure multiply the limit by the backoff ratio (0.9), once
+//!   per generation as for AIMD (during a probe, the limit it goes back to
+//!   is cut instead).
+//!
+//! **Sources.** The formula is Envoy's adaptive concurrency filter
+//! (`gradient = (minRTT + buffer) / sampleRTT`, headroom `√limit`, a
+//! minimum re-measured at `min_concurrency` 3 over `request_count` 50
+//! requests every `interval` with `jitter` 15 %, a 25 % `buffer`: our
+//! tolerance 1.25) and the smoothing is Netflix concurrency-limits'
+//! `Gradient2Limit` (`smoothing` 0.2, the gradient clamped to `[0.5, 1]`,
+//! growth only while the limit is used; its `rttTolerance` is 1.5, its
+//! long-term RTT an exponential average over 600 samples where we measure
+//! the minimum as Envoy does, so a slow drift of the latency is not taken
+//! for the baseline). Netflix's limits 20–200 are kept, with the minimum
+//! lowered to 1 as for AIMD (below).
+//!
+//! **Cost.** The gradient reads the clock when a slot is taken and when it
+//! is given back, and takes the limiter's mutex for a few updates on every
+//! success (AIMD at its maximum takes none): see BENCHMARKS.md.
 //!
 //! # Errors
 //!
@@ -132,13 +197,17 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
 use pin_project_lite::pin_project;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 use tower_layer::Layer;
 use tower_service::Service;
 
+pub use super::gradient::Gradient;
+use super::gradient::{GradientState, Move};
 use super::{wait_permit, Reservation, WaitPermit};
 use crate::annotations::{Deadline, LimiterState, Reason, Verdict};
 use crate::error::{BoxError, Error, ErrorKind, TimeoutStage};
@@ -147,6 +216,85 @@ use crate::wait::{take_ready, Wait, WaitThenCall};
 /// How many windows of successes it takes to grow back onto the limit at
 /// which the upstream was last overloaded.
 const PLATEAU_WINDOWS: usize = 4;
+
+// === impl Algorithm ===
+
+/// The algorithm that moves an [`AdaptiveLimiter`]'s limit: [`Aimd`] (on
+/// loss: 429, 503, timeouts) or [`Gradient`] (on latency, and on loss).
+/// Both convert into it, so [`AdaptiveLimitLayer::try_new`] takes either.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub enum Algorithm {
+    /// Additive increase, multiplicative decrease on overload.
+    Aimd(Aimd),
+    /// The round-trip time against its minimum (Gradient2 / Envoy).
+    Gradient(Gradient),
+}
+
+impl From<Aimd> for Algorithm {
+    fn from(aimd: Aimd) -> Self {
+        Algorithm::Aimd(aimd)
+    }
+}
+
+impl From<Gradient> for Algorithm {
+    fn from(gradient: Gradient) -> Self {
+        Algorithm::Gradient(gradient)
+    }
+}
+
+impl From<Aimd> for Option<Algorithm> {
+    fn from(aimd: Aimd) -> Self {
+        Some(Algorithm::Aimd(aimd))
+    }
+}
+
+impl From<Gradient> for Option<Algorithm> {
+    fn from(gradient: Gradient) -> Self {
+        Some(Algorithm::Gradient(gradient))
+    }
+}
+
+impl Algorithm {
+    /// The lowest limit.
+    pub fn min_limit(&self) -> usize {
+        match self {
+            Algorithm::Aimd(a) => a.min,
+            Algorithm::Gradient(g) => g.min,
+        }
+    }
+
+    /// The limit to start with.
+    pub fn initial_limit(&self) -> usize {
+        match self {
+            Algorithm::Aimd(a) => a.initial,
+            Algorithm::Gradient(g) => g.initial,
+        }
+    }
+
+    /// The highest limit.
+    pub fn max_limit(&self) -> usize {
+        match self {
+            Algorithm::Aimd(a) => a.max,
+            Algorithm::Gradient(g) => g.max,
+        }
+    }
+
+    /// The algorithm's short name (`"aimd"`, `"gradient"`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Algorithm::Aimd(_) => "aimd",
+            Algorithm::Gradient(_) => "gradient",
+        }
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), Error> {
+        match self {
+            Algorithm::Aimd(a) => a.validate(),
+            Algorithm::Gradient(g) => g.validate(),
+        }
+    }
+}
 
 // === impl Aimd ===
 
@@ -239,7 +387,12 @@ impl Aimd {
 pub struct AdaptiveLimiter {
     semaphore: Arc<Semaphore>,
     state: Mutex<LimitState>,
-    aimd: Aimd,
+    algorithm: Algorithm,
+    /// The AIMD settings' maximum (the lock-free happy path), or
+    /// `usize::MAX` for the gradient (which samples every success).
+    fast_max: usize,
+    /// The gradient's slot stamps count from here.
+    base: Instant,
     /// Mirror of `state.limit`, readable without the lock.
     current: AtomicUsize,
     /// Mirror of `state.epoch`, read when a slot is taken.
@@ -263,12 +416,17 @@ struct LimitState {
     probe_above: usize,
     /// Bumped on every decrease.
     epoch: u64,
+    /// The gradient's state (`None` for AIMD).
+    gradient: Option<Box<GradientState>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Outcome {
     Success,
     Overload,
+    /// The connection could not be made: a loss for the gradient, neutral
+    /// for AIMD.
+    Unreachable,
     Neutral,
 }
 
@@ -280,8 +438,8 @@ impl AdaptiveLimiter {
     /// On a value [`try_new`](Self::try_new) refuses, with a message that
     /// names it; use `try_new` for values that come from configuration.
     #[track_caller]
-    pub fn new(aimd: Aimd) -> Self {
-        crate::config::expect_valid("AdaptiveLimiter::new", Self::try_new(aimd))
+    pub fn new(algorithm: impl Into<Algorithm>) -> Self {
+        crate::config::expect_valid("AdaptiveLimiter::new", Self::try_new(algorithm))
     }
 
     /// A limiter with the given settings.
@@ -289,29 +447,72 @@ impl AdaptiveLimiter {
     /// # Errors
     ///
     /// A [`Config`](ErrorKind::Config) error unless
-    /// `1 <= min <= initial <= max` and the backoff ratio is in `[0.5, 1)`.
-    pub fn try_new(aimd: Aimd) -> Result<Self, Error> {
-        aimd.validate()?;
+    /// `1 <= min <= initial <= max` and the backoff ratio is in `[0.5, 1)`;
+    /// for a [`Gradient`], also unless its tolerance is at least 1, its
+    /// smoothing in `(0, 1]`, its intervals non-zero (the probe's longer
+    /// than the update's), its jitter in `[0, 1)` and its probe's limit and
+    /// samples at least 1. The message names the setting.
+    pub fn try_new(algorithm: impl Into<Algorithm>) -> Result<Self, Error> {
+        let algorithm = algorithm.into();
+        algorithm.validate()?;
+        let initial = algorithm.initial_limit();
+        let (fast_max, gradient) = match &algorithm {
+            Algorithm::Aimd(a) => (a.max, None),
+            Algorithm::Gradient(g) => (usize::MAX, Some(Box::new(GradientState::new(g)))),
+        };
         Ok(AdaptiveLimiter {
-            semaphore: Arc::new(Semaphore::new(aimd.initial)),
+            semaphore: Arc::new(Semaphore::new(initial)),
             state: Mutex::new(LimitState {
-                limit: aimd.initial,
+                limit: initial,
                 debt: 0,
                 successes: 0,
                 step: 1,
                 probe_above: 0,
                 epoch: 0,
+                gradient,
             }),
-            aimd,
-            current: AtomicUsize::new(aimd.initial),
+            algorithm,
+            fast_max,
+            base: Instant::now(),
+            current: AtomicUsize::new(initial),
             epoch: AtomicU64::new(0),
             queued: AtomicUsize::new(0),
         })
     }
 
-    /// The settings.
-    pub fn aimd(&self) -> &Aimd {
-        &self.aimd
+    /// The algorithm and its settings.
+    pub fn algorithm(&self) -> &Algorithm {
+        &self.algorithm
+    }
+
+    /// The AIMD settings, if the limit is AIMD.
+    pub fn aimd(&self) -> Option<&Aimd> {
+        match &self.algorithm {
+            Algorithm::Aimd(a) => Some(a),
+            Algorithm::Gradient(_) => None,
+        }
+    }
+
+    /// The gradient's minimum round-trip time as measured so far (`None`
+    /// for AIMD, or before the first measurement).
+    pub fn min_rtt(&self) -> Option<Duration> {
+        let st = self.lock();
+        let g = st.gradient.as_ref()?;
+        (g.min_rtt > 0).then(|| Duration::from_nanos(g.min_rtt))
+    }
+
+    /// The gradient's last sampled round-trip time (the mean of an update
+    /// window; `None` for AIMD, or before the first window).
+    pub fn sample_rtt(&self) -> Option<Duration> {
+        let st = self.lock();
+        let g = st.gradient.as_ref()?;
+        (g.sample_rtt > 0).then(|| Duration::from_nanos(g.sample_rtt))
+    }
+
+    /// Whether the gradient is measuring its minimum round-trip time again,
+    /// at a reduced limit, right now.
+    pub fn probing(&self) -> bool {
+        self.lock().gradient.as_ref().is_some_and(|g| g.probing())
     }
 
     /// The current limit.
@@ -358,15 +559,23 @@ impl AdaptiveLimiter {
         }
     }
 
+    /// Now, as ns since the limiter's base plus one (8 bytes in a slot,
+    /// where an `Option<Instant>` takes 16).
+    fn stamp(&self, now: Instant) -> u64 {
+        let ns = now.saturating_duration_since(self.base).as_nanos();
+        u64::try_from(ns).unwrap_or(u64::MAX - 1) + 1
+    }
+
     fn lock(&self) -> MutexGuard<'_, LimitState> {
         // The state stays consistent even if a holder panicked: every update
         // is a few integer assignments.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Record the outcome of an attempt that took its slot in `epoch`, then
-    /// give the slot back.
-    fn finish(&self, permit: OwnedSemaphorePermit, epoch: u64, outcome: Outcome) {
+    /// Record the outcome of an attempt that took its slot in `epoch` (at
+    /// `started`, a [`stamp`](Self::stamp), for the gradient), then give
+    /// the slot back.
+    fn finish(&self, permit: OwnedSemaphorePermit, epoch: u64, started: u64, outcome: Outcome) {
         // Happy path, without the lock: a success at the maximum changes
         // nothing, and at the maximum there is no debt (debt never exceeds
         // `max - limit`: a decrease of `e` adds at most `e`, growth pays it
@@ -374,7 +583,7 @@ impl AdaptiveLimiter {
         // counted as debt: the semaphore still holds `limit + debt` permits,
         // so the debt is paid by the next release instead (one attempt more
         // may start meanwhile), never lost.
-        if outcome == Outcome::Success && self.current.load(Ordering::Acquire) >= self.aimd.max {
+        if outcome == Outcome::Success && self.current.load(Ordering::Acquire) >= self.fast_max {
             drop(permit);
             return;
         }
@@ -382,18 +591,25 @@ impl AdaptiveLimiter {
         let before = st.limit;
         // Attempts in flight, this one included.
         let in_flight = (st.limit + st.debt).saturating_sub(self.semaphore.available_permits());
+        let aimd = match &self.algorithm {
+            Algorithm::Aimd(aimd) => aimd,
+            Algorithm::Gradient(g) => {
+                self.gradient_outcome(&mut st, g, epoch, started, in_flight, outcome);
+                self.give_back(st, permit, before);
+                return;
+            }
+        };
         match outcome {
             Outcome::Overload if epoch == st.epoch => {
                 // The first overload of a generation: multiplicative decrease.
-                let target =
-                    ((st.limit as f64 * self.aimd.backoff_ratio) as usize).max(self.aimd.min);
+                let target = ((st.limit as f64 * aimd.backoff_ratio) as usize).max(aimd.min);
                 st.probe_above = st.limit;
                 self.shrink(&mut st, target);
             }
             Outcome::Overload
                 if self.queued.load(Ordering::Acquire) > 0
                     && (in_flight.saturating_sub(1) as f64)
-                        < st.limit as f64 * self.aimd.backoff_ratio =>
+                        < st.limit as f64 * aimd.backoff_ratio =>
             {
                 // A later overload of an older generation, while attempts are
                 // waiting, and what is still in flight is below what one more
@@ -402,7 +618,7 @@ impl AdaptiveLimiter {
                 // waiter it would refuse too. The limit drops to what is
                 // still in flight (the attempts the upstream is serving), so
                 // the slot is not handed on.
-                let target = in_flight.saturating_sub(1).max(self.aimd.min);
+                let target = in_flight.saturating_sub(1).max(aimd.min);
                 if target < st.limit {
                     self.shrink(&mut st, target);
                     // The upstream refused what went past `target`: growth
@@ -410,7 +626,7 @@ impl AdaptiveLimiter {
                     st.probe_above = target + 1;
                 }
             }
-            Outcome::Success if st.limit < self.aimd.max && in_flight * 2 >= st.limit => {
+            Outcome::Success if st.limit < aimd.max && in_flight * 2 >= st.limit => {
                 st.successes += 1;
                 // Growing back onto the limit where the upstream was last
                 // overloaded takes a longer window (CUBIC's plateau near
@@ -426,7 +642,7 @@ impl AdaptiveLimiter {
                 };
                 if st.successes >= window {
                     st.successes = 0;
-                    let grow = st.step.min(self.aimd.max - st.limit);
+                    let grow = st.step.min(aimd.max - st.limit);
                     st.limit += grow;
                     // Above the last overload point, the next clean window
                     // adds twice as much, but never more than half the
@@ -441,6 +657,67 @@ impl AdaptiveLimiter {
             }
             _ => {}
         }
+        self.give_back(st, permit, before);
+    }
+
+    /// The gradient's part of [`finish`](Self::finish).
+    fn gradient_outcome(
+        &self,
+        st: &mut LimitState,
+        g: &Gradient,
+        epoch: u64,
+        started: u64,
+        in_flight: usize,
+        outcome: Outcome,
+    ) {
+        let current = st.epoch;
+        let limit = st.limit;
+        let state = st
+            .gradient
+            .as_mut()
+            .expect("a gradient limiter has its state");
+        let target = match outcome {
+            Outcome::Success => {
+                if started == 0 {
+                    return;
+                }
+                let now = self.stamp(Instant::now());
+                let rtt = now.saturating_sub(started);
+                match state.sample(g, (now, rtt), (epoch, current), in_flight, limit) {
+                    Move::Stay => return,
+                    Move::To(target) => target,
+                }
+            }
+            Outcome::Overload | Outcome::Unreachable if epoch == current => {
+                state.overload(g, limit)
+            }
+            _ => return,
+        };
+        self.set_limit(st, target);
+    }
+
+    /// Move the limit to `target`: down as [`shrink`](Self::shrink), up by
+    /// paying the debt first, then adding permits.
+    fn set_limit(&self, st: &mut LimitState, target: usize) {
+        if target < st.limit {
+            self.shrink(st, target);
+        } else if target > st.limit {
+            let grow = target - st.limit;
+            st.limit = target;
+            let paid = grow.min(st.debt);
+            st.debt -= paid;
+            self.semaphore.add_permits(grow - paid);
+        }
+    }
+
+    /// Give `permit` back (or forget it against the debt) and report a
+    /// change of the limit from `before`.
+    fn give_back(
+        &self,
+        mut st: MutexGuard<'_, LimitState>,
+        permit: OwnedSemaphorePermit,
+        before: usize,
+    ) {
         if st.debt > 0 {
             st.debt -= 1;
             permit.forget();
@@ -448,12 +725,20 @@ impl AdaptiveLimiter {
             drop(permit);
         }
         let after = st.limit;
+        let ms = |ns: u64| (ns > 0).then(|| ns as f64 / 1e6);
+        let (min_rtt, sample_rtt) = st
+            .gradient
+            .as_ref()
+            .map_or((None, None), |g| (ms(g.min_rtt), ms(g.sample_rtt)));
         drop(st);
         if after != before {
             self.current.store(after, Ordering::Release);
             tracing::debug!(
                 current_limit = after,
                 previous_limit = before,
+                algorithm = self.algorithm.name(),
+                min_rtt_ms = min_rtt,
+                sample_rtt_ms = sample_rtt,
                 cause = if after < before {
                     "overload"
                 } else {
@@ -462,7 +747,10 @@ impl AdaptiveLimiter {
                 "adaptive limit changed"
             );
             #[cfg(feature = "metrics")]
-            metrics::gauge!("rebound_adaptive_limit").set(after as f64);
+            {
+                metrics::gauge!("rebound_adaptive_limit").set(after as f64);
+                crate::metrics::record_adaptive(after, min_rtt, sample_rtt);
+            }
         }
     }
 
@@ -492,7 +780,7 @@ impl AdaptiveLimiter {
 impl fmt::Debug for AdaptiveLimiter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AdaptiveLimiter")
-            .field("aimd", &self.aimd)
+            .field("algorithm", &self.algorithm)
             .field("current_limit", &self.current_limit())
             .field("available", &self.available())
             .field("queued", &self.queued())
@@ -504,21 +792,37 @@ impl fmt::Debug for AdaptiveLimiter {
 struct Slot {
     permit: Option<OwnedSemaphorePermit>,
     epoch: u64,
+    /// When the attempt took the slot (the gradient's round-trip time; no
+    /// clock is read for AIMD).
+    /// (ns since the limiter's base, plus one; 0: not taken).
+    started: u64,
     limiter: Arc<AdaptiveLimiter>,
 }
 
 impl Slot {
     fn new(permit: OwnedSemaphorePermit, limiter: &Arc<AdaptiveLimiter>) -> Self {
+        let mut slot = Self::unstamped(permit, limiter);
+        if limiter.fast_max == usize::MAX {
+            slot.started = limiter.stamp(Instant::now());
+        }
+        slot
+    }
+
+    /// A slot whose start the caller stamps (the whole-stack service, with
+    /// the clock read it makes anyway to arm the attempt's timer).
+    fn unstamped(permit: OwnedSemaphorePermit, limiter: &Arc<AdaptiveLimiter>) -> Self {
         Slot {
             permit: Some(permit),
             epoch: limiter.epoch.load(Ordering::Acquire),
+            started: 0,
             limiter: limiter.clone(),
         }
     }
 
     fn finish(mut self, outcome: Outcome) {
         if let Some(permit) = self.permit.take() {
-            self.limiter.finish(permit, self.epoch, outcome);
+            self.limiter
+                .finish(permit, self.epoch, self.started, outcome);
         }
     }
 }
@@ -526,7 +830,8 @@ impl Slot {
 impl Drop for Slot {
     fn drop(&mut self) {
         if let Some(permit) = self.permit.take() {
-            self.limiter.finish(permit, self.epoch, Outcome::Neutral);
+            self.limiter
+                .finish(permit, self.epoch, self.started, Outcome::Neutral);
         }
     }
 }
@@ -572,17 +877,18 @@ impl AdaptiveLimitLayer {
     /// On a value [`try_new`](Self::try_new) refuses, with a message that
     /// names it; use `try_new` for values that come from configuration.
     #[track_caller]
-    pub fn new(aimd: Aimd) -> Self {
-        crate::config::expect_valid("AdaptiveLimitLayer::new", Self::try_new(aimd))
+    pub fn new(algorithm: impl Into<Algorithm>) -> Self {
+        crate::config::expect_valid("AdaptiveLimitLayer::new", Self::try_new(algorithm))
     }
 
-    /// A layer with a new limiter of the given settings.
+    /// A layer with a new limiter of the given settings: an [`Aimd`] or a
+    /// [`Gradient`].
     ///
     /// # Errors
     ///
-    /// See [`AdaptiveLimiter::new`].
-    pub fn try_new(aimd: Aimd) -> Result<Self, Error> {
-        Ok(Self::shared(Arc::new(AdaptiveLimiter::try_new(aimd)?)))
+    /// See [`AdaptiveLimiter::try_new`].
+    pub fn try_new(algorithm: impl Into<Algorithm>) -> Result<Self, Error> {
+        Ok(Self::shared(Arc::new(AdaptiveLimiter::try_new(algorithm)?)))
     }
 
     /// A layer over a limiter shared with other layers or clients that talk
@@ -778,6 +1084,7 @@ fn outcome_of_response<B>(res: &Response<B>) -> Outcome {
 fn outcome_of_error(err: &Error) -> Outcome {
     match err.kind() {
         ErrorKind::Timeout(TimeoutStage::Headers) => Outcome::Overload,
+        ErrorKind::Connect => Outcome::Unreachable,
         _ => Outcome::Neutral,
     }
 }
@@ -865,7 +1172,7 @@ impl AdaptiveLimiter {
     pub(crate) fn try_slot(self: &Arc<Self>) -> Option<AttemptSlot> {
         let permit = self.semaphore.clone().try_acquire_owned().ok()?;
         Some(AttemptSlot {
-            slot: Slot::new(permit, self),
+            slot: Slot::unstamped(permit, self),
             queued: false,
         })
     }
@@ -886,7 +1193,7 @@ impl AdaptiveLimiter {
             drop(queue);
             match permit {
                 Some(permit) => Ok(AttemptSlot {
-                    slot: Slot::new(permit, &limiter),
+                    slot: Slot::unstamped(permit, &limiter),
                     queued: true,
                 }),
                 None => {
@@ -906,6 +1213,14 @@ impl AdaptiveLimiter {
 
 #[cfg(feature = "stack")]
 impl AttemptSlot {
+    /// The attempt is called now (the gradient's round-trip time starts;
+    /// nothing for AIMD).
+    pub(crate) fn called_at(&mut self, now: Instant) {
+        if self.slot.limiter.fast_max == usize::MAX {
+            self.slot.started = self.slot.limiter.stamp(now);
+        }
+    }
+
     /// Feed the attempt's outcome into the limit and give the slot back;
     /// the outcome shows the limiter's state off the happy path (the
     /// attempt queued, or overloaded the upstream), as [`AdaptiveLimit`]'s

@@ -104,13 +104,20 @@
 
 pub mod adaptive;
 pub mod concurrency;
+mod gradient;
+#[cfg(any(feature = "breaker", feature = "retry-after"))]
+pub mod per_host;
 
 #[cfg(feature = "stack")]
 pub(crate) use self::adaptive::AttemptSlot;
-pub use self::adaptive::{AdaptiveLimit, AdaptiveLimitLayer, AdaptiveLimiter, Aimd};
+pub use self::adaptive::{
+    AdaptiveLimit, AdaptiveLimitLayer, AdaptiveLimiter, Aimd, Algorithm, Gradient,
+};
 pub use self::concurrency::{
     ConcurrencyLimit, ConcurrencyLimitLayer, ConcurrencyLimiter, LimitBody,
 };
+#[cfg(any(feature = "breaker", feature = "retry-after"))]
+pub use self::per_host::HostLimiters;
 
 use std::future::Future;
 use std::pin::Pin;

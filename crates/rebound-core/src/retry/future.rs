@@ -344,6 +344,12 @@ where
                 if closed && n > 1 {
                     self.attempt -= 1;
                 }
+                // A retry shed by client-side throttling was never sent:
+                // its budget token goes back.
+                let shed = matches!(&outcome, Err(e) if e.kind() == crate::error::ErrorKind::ClientThrottled);
+                if shed && n > 1 && self.withdrew {
+                    self.policy.budget.refund();
+                }
                 let stop = if closed {
                     RetryStop::Closed
                 } else {

@@ -43,6 +43,7 @@ use crate::reconcile::{OperationId, ReconcileHook};
 use crate::redact::RequestName;
 use crate::retry::future::{Decision, Drain, Held, Replay, Slept, DRAIN_MAX_TIME};
 use crate::shutdown::{closed, Entered};
+use crate::throttle::Admit as Shed;
 use crate::trace::{begin, begin_attempt, AttemptState, RequestState};
 
 type Wait<T> = Pin<Box<dyn Future<Output = Result<T, Error>> + Send>>;
@@ -244,6 +245,9 @@ struct Req<S, B: RetryBody, C> {
     // When the closing gate started holding the attempt in flight.
     attempt_held_since: Option<Instant>,
     slot: Option<AttemptSlot>,
+    // The throttle counted this attempt (with its host's `key`): the
+    // accept is counted when it is judged.
+    throttled: bool,
     track: Option<Track>,
     // The timer's meaning while an attempt is in flight.
     stage: TimeoutStage,
@@ -333,6 +337,7 @@ where
             held_since: None,
             attempt_held_since: None,
             slot: None,
+            throttled: false,
             track: None,
             stage: TimeoutStage::Headers,
             previous_delay: None,
@@ -566,7 +571,13 @@ where
     /// The head timer of the attempt about to be called: the earlier of
     /// its timeout and the deadline.
     fn arm(r: &mut Req<S, B, C>) -> Instant {
-        let ours = Instant::now() + r.cfg.attempt;
+        let now = Instant::now();
+        // The gradient's round-trip time starts here (one clock read for
+        // both).
+        if let Some(slot) = &mut r.slot {
+            slot.called_at(now);
+        }
+        let ours = now + r.cfg.attempt;
         if r.deadline < ours {
             r.stage = TimeoutStage::Deadline;
             r.deadline
@@ -655,8 +666,36 @@ where
                 }
             }
         }
+        // Client-side throttling: count the attempt with its host, or shed
+        // it here (not sent, not retried).
+        if from != Step::Call && !r.throttled {
+            if let Some(throttle) = &r.cfg.throttle {
+                let key = *r.key.get_or_insert_with(|| HostRef::of(req.uri()).key());
+                match throttle.admit(key, Instant::now()) {
+                    Shed::Go(_) => r.throttled = true,
+                    Shed::Shed(p) => {
+                        return Started::Failed(crate::throttle::shed_error(
+                            req.method(),
+                            req.uri(),
+                            p,
+                        ))
+                    }
+                }
+            }
+        }
         if from != Step::Call && r.slot.is_none() {
-            if let Some(limiter) = &r.cfg.adaptive {
+            // Per host: the limiter of the request's host, by the key the
+            // gate and the breaker use (computed once per request).
+            let host = if r.cfg.adaptive_hosts.is_some() {
+                let key = *r.key.get_or_insert_with(|| HostRef::of(req.uri()).key());
+                r.cfg
+                    .adaptive_hosts
+                    .as_ref()
+                    .map(|hosts| hosts.for_key(key))
+            } else {
+                None
+            };
+            if let Some(limiter) = host.as_ref().or(r.cfg.adaptive.as_ref()) {
                 match limiter.try_slot() {
                     Some(slot) => r.slot = Some(slot),
                     None => {
@@ -774,6 +813,12 @@ where
                 if let Some(signal) = signal {
                     res.extensions_mut().insert(signal);
                 }
+            }
+        }
+        if std::mem::take(&mut r.throttled) {
+            if let (true, Some(key)) = (crate::throttle::is_accept(&out), r.key) {
+                let throttle = r.cfg.throttle.as_ref().expect("counted by the throttle");
+                throttle.accepted(key, Instant::now());
             }
         }
         if let Some(slot) = r.slot.take() {

@@ -91,6 +91,7 @@
 //! | the proposed delay | [`BackoffLayer`] | [`backoff`](StackLayer::backoff) |
 //! | close / hold a host's gate | [`RetryAfterGateLayer`] (closing) | [`retry_after_gate`](StackLayer::retry_after_gate) |
 //! | each attempt paced by the quota its host announces (rate-limit headers) | [`RateLimitLayer`](crate::ratelimit::RateLimitLayer) | [`rate_limit`](StackLayer::rate_limit) (off by default) |
+//! | each attempt counted with its host, shed locally while the host accepts too few (Google SRE) | [`ClientThrottleLayer`](crate::throttle::ClientThrottleLayer) | [`client_throttle`](StackLayer::client_throttle) (off by default) |
 //! | attempts in flight, shrinking on overload | [`AdaptiveLimitLayer`] | [`adaptive_limit`](StackLayer::adaptive_limit) (off by default) |
 //! | Retry-After / pushback into a hint | [`RetryAfterLayer`] | [`retry_after`](StackLayer::retry_after) |
 //! | each attempt's [`Verdict`](crate::Verdict) | [`ClassifyLayer`](crate::classify::ClassifyLayer) | [`classifier`](StackLayer::classifier) |
@@ -171,7 +172,7 @@ use crate::gate::RetryAfterGateLayer;
 use crate::grpc::{MarkRetryableLayer, PropagateDeadlineLayer};
 use crate::idempotency::IdempotencyKeyLayer;
 use crate::limit::{
-    AdaptiveLimitLayer, AdaptiveLimiter, ConcurrencyLimitLayer, ConcurrencyLimiter,
+    AdaptiveLimitLayer, AdaptiveLimiter, ConcurrencyLimitLayer, ConcurrencyLimiter, HostLimiters,
 };
 use crate::reconcile::{Check, CheckRequest, ReconcileHook, ReconcileLayer};
 use crate::retry::{RetryLayer, RetryPolicy};
@@ -203,6 +204,8 @@ pub(crate) struct Config<C> {
     pub(crate) backoff: Backoff,
     pub(crate) breaker: Option<CircuitBreakerLayer>,
     pub(crate) adaptive: Option<Arc<AdaptiveLimiter>>,
+    pub(crate) adaptive_hosts: Option<Arc<HostLimiters>>,
+    pub(crate) throttle: Option<Arc<crate::throttle::Throttle>>,
     pub(crate) retry_after: RetryAfterLayer,
     pub(crate) classifier: C,
     pub(crate) attempt: Duration,
@@ -228,6 +231,8 @@ impl<C: Clone> Clone for Config<C> {
             backoff: self.backoff.clone(),
             breaker: self.breaker.clone(),
             adaptive: self.adaptive.clone(),
+            adaptive_hosts: self.adaptive_hosts.clone(),
+            throttle: self.throttle.clone(),
             retry_after: self.retry_after.clone(),
             classifier: self.classifier.clone(),
             attempt: self.attempt,
@@ -270,6 +275,7 @@ impl<C> fmt::Debug for StackLayer<C> {
             .field("concurrency", &c.concurrency)
             .field("breaker", &c.breaker.is_some())
             .field("adaptive", &c.adaptive)
+            .field("adaptive_hosts", &c.adaptive_hosts)
             .field("body", &c.body)
             .finish_non_exhaustive()
     }
@@ -312,6 +318,8 @@ impl StackLayer<HttpClassifier> {
                 backoff: Backoff::exponential(Duration::from_millis(100), Duration::from_secs(10)),
                 breaker: Some(breaker),
                 adaptive: None,
+                adaptive_hosts: None,
+                throttle: None,
                 retry_after: RetryAfterLayer::new(),
                 classifier: HttpClassifier::default(),
                 attempt: DEFAULT_ATTEMPT,
@@ -451,10 +459,40 @@ impl<C: Clone> StackLayer<C> {
         self.with(|c| c.breaker = breaker)
     }
 
-    /// The adaptive limit of attempts in flight. `None` (the default):
-    /// none.
+    /// The adaptive limit of attempts in flight, one for every host (its
+    /// limiter shared with the layer). `None` (the default): none. `Some`
+    /// replaces an [`adaptive_limit_per_host`](Self::adaptive_limit_per_host).
     pub fn adaptive_limit(self, limit: Option<AdaptiveLimitLayer>) -> Self {
-        self.with(|c| c.adaptive = limit.map(|l| Arc::clone(l.limiter())))
+        self.with(|c| {
+            c.adaptive = limit.map(|l| Arc::clone(l.limiter()));
+            if c.adaptive.is_some() {
+                c.adaptive_hosts = None;
+            }
+        })
+    }
+
+    /// The adaptive limit of attempts in flight, **one limiter per host**
+    /// (see [`HostLimiters`]): a slow or overloaded host shrinks its own
+    /// limit only. The host's key is the one the gate and the breaker use,
+    /// computed once per request. `None` (the default): none. `Some`
+    /// replaces an [`adaptive_limit`](Self::adaptive_limit).
+    pub fn adaptive_limit_per_host(self, hosts: Option<Arc<HostLimiters>>) -> Self {
+        self.with(|c| {
+            if hosts.is_some() {
+                c.adaptive = None;
+            }
+            c.adaptive_hosts = hosts;
+        })
+    }
+
+    /// Client-side adaptive throttling per host (see
+    /// [`ClientThrottleLayer`](crate::throttle::ClientThrottleLayer)): each
+    /// attempt is counted with its host and shed locally with the SRE
+    /// probability, failing at once with
+    /// [`ClientThrottled`](crate::ErrorKind::ClientThrottled), not sent and
+    /// not retried. `None` (the default): off, nothing counted.
+    pub fn client_throttle(self, throttle: Option<crate::throttle::ClientThrottleLayer>) -> Self {
+        self.with(|c| c.throttle = throttle.map(|t| Arc::clone(t.throttle())))
     }
 
     /// The Retry-After / pushback parser (its statuses, cap and clock).
@@ -546,6 +584,8 @@ impl<C: Clone> StackLayer<C> {
                 backoff: c.backoff,
                 breaker: c.breaker,
                 adaptive: c.adaptive,
+                adaptive_hosts: c.adaptive_hosts,
+                throttle: c.throttle,
                 retry_after: c.retry_after,
                 classifier,
                 attempt: c.attempt,
@@ -591,7 +631,12 @@ impl<C> StackLayer<C> {
         v.push("BackoffLayer");
         on(&mut v, gate, "RetryAfterGateLayer");
         on(&mut v, c.rate_limit.is_some(), "RateLimitLayer");
-        on(&mut v, c.adaptive.is_some(), "AdaptiveLimitLayer");
+        on(&mut v, c.throttle.is_some(), "ClientThrottleLayer");
+        on(
+            &mut v,
+            c.adaptive.is_some() || c.adaptive_hosts.is_some(),
+            "AdaptiveLimitLayer",
+        );
         v.extend(["RetryAfterLayer", "ClassifyLayer"]);
         on(&mut v, c.body.grpc_trailers, "GrpcTrailersLayer");
         v.push("AttemptTimeoutLayer");
