@@ -37,7 +37,11 @@
 //!
 //! # What is shared
 //!
-//! * **The request quota of each host.** The first response whose
+//! * **The request quota of each host.** A replica's first request to a
+//!   host goes alone: the others wait for its answer (at most 500 ms,
+//!   bounded by their deadline), which says whether the host has a quota
+//!   to share, so a fleet that starts at once does not spend a window
+//!   before it knows. The first response whose
 //!   rate-limit headers name a request quota (any family
 //!   [`ratelimit::parse`](crate::ratelimit::parse) reads) makes the host
 //!   *tracked*: its remaining count and reset go to the store, which keeps
@@ -79,8 +83,10 @@
 //!    most `replicas × max_lease` per window (4 × 32 = 128 by default; the
 //!    lease ends at the reset the store computed on its own clock, so
 //!    replicas' clocks play no part).
-//! 2. **Unleased requests:** those sent before the host was tracked (its
-//!    first response), during a fall-back to local state (the store down;
+//! 2. **Unleased requests:** those sent before the host was tracked (one
+//!    per replica: its first request; more when it took over 500 ms to
+//!    answer, or a lease was asked before its observation reached the
+//!    store), during a fall-back to local state (the store down;
 //!    the local pacer still paces by the headers), and the retries inside
 //!    the stack (a layer above the retry loop leases once per request).
 //!
@@ -362,6 +368,10 @@ struct Entry {
     since: Instant,
     /// The next response's headers go to the store.
     observe_due: bool,
+    /// A response of this host was read (its first request went alone).
+    seen: bool,
+    /// Its first request is on its way: the others wait for its answer.
+    probing: bool,
     touched: Instant,
 }
 
@@ -429,7 +439,14 @@ enum Step {
     Fetch(u64),
     /// Another request is taking a lease: wait for it.
     Join(Arc<Notify>),
+    /// The host's first request is on its way: wait for its answer (at
+    /// most [`PROBE_WAIT`]), then go.
+    Probe(Arc<Notify>),
 }
+
+/// How long requests to a host never answered wait for the answer to its
+/// first request (which says whether it has a quota to share).
+const PROBE_WAIT: Duration = Duration::from_millis(500);
 
 impl SharedState {
     /// A shared state over `store`.
@@ -648,6 +665,8 @@ impl SharedState {
                     used: 0,
                     since: now,
                     observe_due: true,
+                    seen: false,
+                    probing: false,
                     touched: now,
                 })
             }
@@ -660,6 +679,12 @@ impl SharedState {
             e.paused_until = None;
         }
         if !e.tracked {
+            if !e.seen && self.inner.breaker.allows(now) {
+                if e.probing {
+                    return Step::Probe(e.notify.clone());
+                }
+                e.probing = true;
+            }
             return Step::Go;
         }
         if e.lease > 0 && now < e.lease_until {
@@ -750,6 +775,24 @@ impl SharedState {
                     }
                     tokio::time::sleep_until(until).await;
                 }
+                Step::Probe(notify) => {
+                    let until = deadline.map_or(now + PROBE_WAIT, |d| d.min(now + PROBE_WAIT));
+                    let _ = tokio::time::timeout_at(until, notify.notified()).await;
+                    // Go after the wait either way: the probe may have
+                    // failed unanswered.
+                    let mut hosts = self.lock();
+                    if let Some(e) = hosts.by_key.get_mut(&key) {
+                        if !e.seen && Instant::now() >= until {
+                            // Its answer never came: stop waiting for it.
+                            e.seen = true;
+                            e.probing = false;
+                        }
+                        if e.tracked {
+                            continue;
+                        }
+                    }
+                    return Ok(Admitted { key });
+                }
                 Step::Join(notify) => {
                     let wait = self.inner.config.call_timeout * 2;
                     let _ = tokio::time::timeout(wait, notify.notified()).await;
@@ -783,13 +826,24 @@ impl SharedState {
     /// headers, when an observation is due, go to the store.
     pub fn settle(&self, admitted: Admitted, status: StatusCode, headers: &HeaderMap) {
         let too_many = status == StatusCode::TOO_MANY_REQUESTS;
-        let (id, due) = {
-            let hosts = self.lock();
-            match hosts.by_key.get(&admitted.key) {
-                Some(e) => (e.id, e.observe_due || !e.tracked),
+        let (id, due, probe) = {
+            let mut hosts = self.lock();
+            match hosts.by_key.get_mut(&admitted.key) {
+                Some(e) => {
+                    let probe = std::mem::take(&mut e.probing);
+                    e.seen = true;
+                    (
+                        e.id,
+                        e.observe_due || !e.tracked,
+                        probe.then(|| e.notify.clone()),
+                    )
+                }
                 None => return,
             }
         };
+        // The first answer of a host: those waiting for it go once it is
+        // read (below), tracked or not.
+        let _wake = probe.map(Wake);
         if !due && !too_many {
             return;
         }
@@ -820,6 +874,15 @@ impl SharedState {
         }
         let fut = self.inner.store.observe(id, observation);
         self.spawn_call(fut);
+    }
+}
+
+/// Wakes the requests waiting for a host's first answer when dropped.
+struct Wake(Arc<Notify>);
+
+impl Drop for Wake {
+    fn drop(&mut self) {
+        self.0.notify_waiters();
     }
 }
 
