@@ -113,10 +113,12 @@
 //! # Cost
 //!
 //! A client without shared state pays nothing. With it, a request to a
-//! host with a lease in hand hashes its authority (the process's fast
-//! hash), takes one uncontended lock and decrements the lease; its
-//! response is read (its headers parsed) only when an observation is due.
-//! The stable [`HostId`] is hashed once per host.
+//! host with a lease in hand hashes its scheme and authority (FxHash's
+//! step, 8 bytes at a time; the maps keyed by it hash no more), takes one uncontended lock
+//! and decrements the lease; its response is read (its headers parsed)
+//! only when an observation is due. The stable [`HostId`] and the host
+//! table's key are hashed once per host. The layer boxes its future (one
+//! allocation per request). See BENCHMARKS.md for the count.
 //!
 //! # Why a lease, not a call per request
 //!
@@ -350,6 +352,8 @@ impl Breaker {
 #[derive(Debug)]
 struct Entry {
     id: HostId,
+    /// The host table's key for this host.
+    table_key: u64,
     /// A pause the fleet set (or this replica saw).
     paused_until: Option<Instant>,
     /// The store keeps a quota for this host: requests take leases.
@@ -375,12 +379,101 @@ struct Entry {
     touched: Instant,
 }
 
+/// The keys here are hashes already: a map needs no second one.
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl std::hash::Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 ^= n;
+    }
+    fn write_u128(&mut self, n: u128) {
+        self.0 ^= (n as u64) ^ ((n >> 64) as u64);
+    }
+}
+
+type Keyed<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<KeyHasher>>;
+
+/// A request's host as this state keys it: its scheme and authority
+/// (userinfo left out, lower-cased), hashed 8 bytes at a time (FxHash's
+/// step): a few dozen instructions, where the host table's keyed hash
+/// (which an entry keeps for the table) costs hundreds. Not keyed: the
+/// map it keys is bounded (4096 hosts), so crafted collisions can slow a
+/// look-up, never grow it.
+fn local_key(uri: &Uri) -> u64 {
+    let scheme = uri.scheme_str().unwrap_or("").as_bytes();
+    let authority = uri.authority().map_or(&b""[..], |a| a.as_str().as_bytes());
+    let plain = |b: &[u8]| !b.iter().any(|c| c.is_ascii_uppercase() || *c == b'@');
+    if plain(scheme) && plain(authority) {
+        return fx_part(fx_part(0, scheme), authority);
+    }
+    // Rare: upper case or userinfo. Normalise into a small buffer.
+    let authority = match authority.iter().rposition(|c| *c == b'@') {
+        Some(i) => &authority[i + 1..],
+        None => authority,
+    };
+    let mut h = 0;
+    for part in [scheme, authority] {
+        let mut buf = [0u8; 64];
+        let mut chunks = part.chunks(64);
+        let mut parts = 0;
+        for chunk in &mut chunks {
+            for (d, c) in buf.iter_mut().zip(chunk) {
+                *d = c.to_ascii_lowercase();
+            }
+            h = fx(h, &buf[..chunk.len()]);
+            parts += 1;
+        }
+        if parts == 0 {
+            h = fx(h, b"");
+        }
+    }
+    h
+}
+
+/// [`fx`] over `part` in pieces of 64 bytes (as the lower-casing path
+/// hashes them).
+fn fx_part(mut h: u64, part: &[u8]) -> u64 {
+    if part.is_empty() {
+        return fx(h, part);
+    }
+    for chunk in part.chunks(64) {
+        h = fx(h, chunk);
+    }
+    h
+}
+
+/// FxHash's step over `bytes`, 8 at a time, with their length.
+fn fx(mut h: u64, bytes: &[u8]) -> u64 {
+    const K: u64 = 0x517c_c1b7_2722_0a95;
+    let mut chunks = bytes.chunks_exact(8);
+    for c in &mut chunks {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(c);
+        h = (h.rotate_left(5) ^ u64::from_le_bytes(w)).wrapping_mul(K);
+    }
+    let rest = chunks.remainder();
+    let mut w = [0u8; 8];
+    w[..rest.len()].copy_from_slice(rest);
+    (h.rotate_left(5) ^ u64::from_le_bytes(w) ^ ((bytes.len() as u64) << 56)).wrapping_mul(K)
+}
+
 #[derive(Default)]
 struct Hosts {
-    by_key: HashMap<u64, Entry>,
-    by_id: HashMap<HostId, u64>,
+    by_key: Keyed<u64, Entry>,
+    by_id: Keyed<HostId, u64>,
+    /// The host table's key of each host → ours.
+    by_table: Keyed<u64, u64>,
     /// Pauses of hosts not called yet.
-    pending: HashMap<HostId, Instant>,
+    pending: Keyed<HostId, Instant>,
 }
 
 struct Inner {
@@ -427,10 +520,13 @@ impl fmt::Debug for SharedState {
 #[derive(Debug, Clone, Copy)]
 pub struct Admitted {
     key: u64,
+    /// Its response's headers are to be read (an observation is due).
+    due: bool,
 }
 
 enum Step {
-    Go,
+    /// Go; the response is to be read.
+    Go(bool),
     /// Wait until then, then ask again.
     Wait(Instant),
     /// A pause until then.
@@ -513,8 +609,14 @@ impl SharedState {
         let weak = Arc::downgrade(&self.inner);
         table.set_on_close(Box::new(move |key, until| {
             if let Some(inner) = weak.upgrade() {
-                let id = inner.lock().by_key.get(&key).map(|e| e.id);
-                if let Some(id) = id {
+                let found = {
+                    let hosts = inner.lock();
+                    hosts
+                        .by_table
+                        .get(&key)
+                        .and_then(|k| hosts.by_key.get(k).map(|e| (e.id, *k)))
+                };
+                if let Some((id, key)) = found {
                     let pause = until.saturating_duration_since(Instant::now());
                     SharedState { inner }.publish(id, key, pause, false);
                 }
@@ -574,12 +676,14 @@ impl SharedState {
             }
             return;
         };
-        if let Some(e) = hosts.by_key.get_mut(&key) {
-            e.paused_until = Some(e.paused_until.map_or(until, |p| p.max(until)));
-        }
+        let Some(e) = hosts.by_key.get_mut(&key) else {
+            return;
+        };
+        e.paused_until = Some(e.paused_until.map_or(until, |p| p.max(until)));
+        let table_key = e.table_key;
         drop(hosts);
         if let Some(table) = self.inner.table.get().and_then(Weak::upgrade) {
-            table.close_quiet(key, until);
+            table.close_quiet(table_key, until);
         }
     }
 
@@ -590,12 +694,13 @@ impl SharedState {
         }
         let until = Instant::now().checked_add(pause);
         if let Some(until) = until {
-            if let Some(e) = self.lock().by_key.get_mut(&key) {
+            let table_key = self.lock().by_key.get_mut(&key).map(|e| {
                 e.paused_until = Some(e.paused_until.map_or(until, |p| p.max(until)));
-            }
-            if close_table {
+                e.table_key
+            });
+            if let (true, Some(table_key)) = (close_table, table_key) {
                 if let Some(table) = self.inner.table.get().and_then(Weak::upgrade) {
-                    table.close_quiet(key, until);
+                    table.close_quiet(table_key, until);
                 }
             }
         }
@@ -645,14 +750,19 @@ impl SharedState {
                         .min_by_key(|(_, e)| e.touched)
                         .map(|(k, e)| (*k, e.id));
                     if let Some((k, id)) = oldest {
-                        hosts.by_key.remove(&k);
+                        if let Some(e) = hosts.by_key.remove(&k) {
+                            hosts.by_table.remove(&e.table_key);
+                        }
                         hosts.by_id.remove(&id);
                     }
                 }
                 let paused_until = hosts.pending.remove(&id).filter(|t| *t > now);
+                let table_key = HostRef::of(uri).key();
                 hosts.by_id.insert(id, key);
+                hosts.by_table.insert(table_key, key);
                 hosts.by_key.entry(key).or_insert(Entry {
                     id,
+                    table_key,
                     paused_until,
                     tracked: false,
                     lease: 0,
@@ -685,12 +795,12 @@ impl SharedState {
                 }
                 e.probing = true;
             }
-            return Step::Go;
+            return Step::Go(true);
         }
         if e.lease > 0 && now < e.lease_until {
             e.lease -= 1;
             e.used += 1;
-            return Step::Go;
+            return Step::Go(e.observe_due);
         }
         if e.lease > 0 {
             // Expired by its ttl within the window: give it back.
@@ -707,7 +817,7 @@ impl SharedState {
             e.out_until = None;
         }
         if !self.inner.breaker.allows(now) {
-            return Step::Go;
+            return Step::Go(true);
         }
         if e.fetching {
             return Step::Join(e.notify.clone());
@@ -741,7 +851,7 @@ impl SharedState {
         uri: &Uri,
         deadline: Option<Instant>,
     ) -> Result<Admitted, Error> {
-        let key = HostRef::of(uri).key();
+        let key = local_key(uri);
         self.start_watch();
         loop {
             let now = Instant::now();
@@ -750,7 +860,7 @@ impl SharedState {
                     || t.saturating_duration_since(now) > self.inner.config.max_wait
             };
             match self.step(key, uri, now) {
-                Step::Go => return Ok(Admitted { key }),
+                Step::Go(due) => return Ok(Admitted { key, due }),
                 Step::Paused(until) => {
                     if bound(until) {
                         return Err(refused(
@@ -791,7 +901,7 @@ impl SharedState {
                             continue;
                         }
                     }
-                    return Ok(Admitted { key });
+                    return Ok(Admitted { key, due: true });
                 }
                 Step::Join(notify) => {
                     let wait = self.inner.config.call_timeout * 2;
@@ -803,7 +913,7 @@ impl SharedState {
                     self.inner.round_trips.fetch_add(1, Ordering::Relaxed);
                     let out = self.call(self.inner.store.lease(id, want)).await;
                     match fetched.done(out) {
-                        Ok(true) => return Ok(Admitted { key }),
+                        Ok(true) => return Ok(Admitted { key, due: true }),
                         Ok(false) => continue,
                         Err(_) if self.inner.config.fail_closed => {
                             return Err(refused(
@@ -814,7 +924,7 @@ impl SharedState {
                                 self.inner.config.probe_interval,
                             ));
                         }
-                        Err(_) => return Ok(Admitted { key }),
+                        Err(_) => return Ok(Admitted { key, due: true }),
                     }
                 }
             }
@@ -826,6 +936,10 @@ impl SharedState {
     /// headers, when an observation is due, go to the store.
     pub fn settle(&self, admitted: Admitted, status: StatusCode, headers: &HeaderMap) {
         let too_many = status == StatusCode::TOO_MANY_REQUESTS;
+        if !admitted.due && !too_many {
+            // A lease in hand and no observation due: nothing to read.
+            return;
+        }
         let (id, due, probe) = {
             let mut hosts = self.lock();
             match hosts.by_key.get_mut(&admitted.key) {
@@ -1057,5 +1171,113 @@ where
             state.settle(admitted, res.status(), res.headers());
             Ok(res)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(s: &str) -> u64 {
+        local_key(&s.parse().unwrap())
+    }
+
+    #[test]
+    fn the_local_key_ignores_case_and_userinfo_and_tells_hosts_apart() {
+        assert_eq!(
+            key("https://api.example/a"),
+            key("https://API.Example/b?q=1")
+        );
+        assert_eq!(
+            key("https://api.example/"),
+            key("https://user:pw@api.example/")
+        );
+        assert_ne!(key("https://api.example/"), key("http://api.example/"));
+        assert_ne!(
+            key("https://api.example/"),
+            key("https://api.example:8443/")
+        );
+        assert_ne!(key("https://a.example/"), key("https://b.example/"));
+        let long = format!("https://{}.example/", "x".repeat(100));
+        assert_eq!(
+            key(&long),
+            key(&long.to_uppercase().replace("HTTPS", "https"))
+        );
+    }
+
+    #[test]
+    fn bad_settings_are_errors_naming_them() {
+        #[derive(Debug)]
+        struct Never;
+        impl HostStore for Never {
+            fn lease(&self, _: HostId, _: u64) -> StoreFuture<Lease> {
+                Box::pin(std::future::pending())
+            }
+            fn give_back(&self, _: HostId, _: u64) -> StoreFuture<()> {
+                Box::pin(std::future::pending())
+            }
+            fn observe(&self, _: HostId, _: Observation) -> StoreFuture<()> {
+                Box::pin(std::future::pending())
+            }
+            fn pause(&self, _: HostId, _: Duration) -> StoreFuture<()> {
+                Box::pin(std::future::pending())
+            }
+            fn watch(&self, _: PauseSink) -> StoreFuture<()> {
+                Box::pin(std::future::pending())
+            }
+        }
+        for (config, name) in [
+            (
+                SharedConfig::new().call_timeout(Duration::ZERO),
+                "call_timeout",
+            ),
+            (SharedConfig::new().max_lease(0), "max_lease"),
+            (SharedConfig::new().failures_to_open(0), "failures_to_open"),
+        ] {
+            let err = SharedState::try_new(Arc::new(Never), config).unwrap_err();
+            assert!(err.to_string().contains(name), "{err}");
+        }
+    }
+
+    /// A store that never answers costs a request the call timeout, no
+    /// more, and the request goes (fail-open); paused time.
+    #[tokio::test(start_paused = true)]
+    async fn a_store_that_never_answers_costs_the_call_timeout_then_local_state() {
+        #[derive(Debug)]
+        struct Slow;
+        impl HostStore for Slow {
+            fn lease(&self, _: HostId, _: u64) -> StoreFuture<Lease> {
+                Box::pin(std::future::pending())
+            }
+            fn give_back(&self, _: HostId, _: u64) -> StoreFuture<()> {
+                Box::pin(std::future::pending())
+            }
+            fn observe(&self, _: HostId, _: Observation) -> StoreFuture<()> {
+                Box::pin(async { Ok(()) })
+            }
+            fn pause(&self, _: HostId, _: Duration) -> StoreFuture<()> {
+                Box::pin(std::future::pending())
+            }
+            fn watch(&self, _: PauseSink) -> StoreFuture<()> {
+                Box::pin(std::future::pending())
+            }
+        }
+        let state = SharedState::new(Arc::new(Slow), SharedConfig::new());
+        let uri: Uri = "https://api.example/".parse().unwrap();
+        let mut headers = HeaderMap::new();
+        headers.insert("x-ratelimit-remaining-requests", "10".parse().unwrap());
+        headers.insert("x-ratelimit-reset-requests", "1s".parse().unwrap());
+        let a = state.admit(&Method::GET, &uri, None).await.unwrap();
+        state.settle(a, StatusCode::OK, &headers);
+        for i in 0..4 {
+            let t = Instant::now();
+            state.admit(&Method::GET, &uri, None).await.unwrap();
+            let waited = t.elapsed();
+            assert!(
+                waited <= Duration::from_millis(5),
+                "request {i}: {waited:?}"
+            );
+        }
+        assert!(!state.is_available());
     }
 }
