@@ -535,6 +535,8 @@ enum Step {
     Fetch(u64),
     /// Another request is taking a lease: wait for it.
     Join(Arc<Notify>),
+    /// A tracked host, the store unavailable (its breaker open).
+    Down,
     /// The host's first request is on its way: wait for its answer (at
     /// most [`PROBE_WAIT`]), then go.
     Probe(Arc<Notify>),
@@ -817,7 +819,7 @@ impl SharedState {
             e.out_until = None;
         }
         if !self.inner.breaker.allows(now) {
-            return Step::Go(true);
+            return Step::Down;
         }
         if e.fetching {
             return Step::Join(e.notify.clone());
@@ -903,6 +905,16 @@ impl SharedState {
                     }
                     return Ok(Admitted { key, due: true });
                 }
+                Step::Down if self.inner.config.fail_closed => {
+                    return Err(refused(
+                        ErrorKind::QuotaExhausted,
+                        "shared state unavailable (fail-closed)",
+                        method,
+                        uri,
+                        self.inner.config.probe_interval,
+                    ));
+                }
+                Step::Down => return Ok(Admitted { key, due: true }),
                 Step::Join(notify) => {
                     let wait = self.inner.config.call_timeout * 2;
                     let _ = tokio::time::timeout(wait, notify.notified()).await;
@@ -1279,5 +1291,21 @@ mod tests {
             );
         }
         assert!(!state.is_available());
+
+        // Fail-closed: the same, and then requests to the host fail at
+        // once, not sent, until the store answers again.
+        let closed = SharedState::new(Arc::new(Slow), SharedConfig::new().fail_closed(true));
+        let a = closed.admit(&Method::GET, &uri, None).await.unwrap();
+        closed.settle(a, StatusCode::OK, &headers);
+        let mut refused = 0;
+        for _ in 0..4 {
+            let t = Instant::now();
+            if let Err(e) = closed.admit(&Method::GET, &uri, None).await {
+                assert_eq!(e.kind(), ErrorKind::QuotaExhausted);
+                refused += 1;
+            }
+            assert!(t.elapsed() <= Duration::from_millis(5));
+        }
+        assert_eq!(refused, 4);
     }
 }
