@@ -16,3 +16,8 @@ pub use rebound_hyper::{
     JsonError, JsonErrorCategory, MinBodyRate, RequestBuilder, ResponseBody, SendFuture, TlsRoots,
     TransportBuilder, UnexpectedStatus,
 };
+/// The Redis store of the shared host state (feature `redis`).
+#[cfg(feature = "redis")]
+pub use rebound_redis as redis;
+#[cfg(feature = "redis")]
+pub use rebound_redis::RedisStore;

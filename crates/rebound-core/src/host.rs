@@ -391,7 +391,13 @@ pub struct HostTable {
     base: Instant,
     /// Whether a circuit breaker keeps its circuits here.
     has_breaker: AtomicBool,
+    /// Told of every gate a response closes (the shared state's).
+    #[cfg(feature = "shared-state")]
+    on_close: OnceLock<OnClose>,
 }
+
+#[cfg(feature = "shared-state")]
+type OnClose = Box<dyn Fn(u64, Instant) + Send + Sync>;
 
 impl HostTable {
     /// Default number of entries.
@@ -426,6 +432,8 @@ impl HostTable {
             next_sweep: AtomicU64::new(u64::MAX),
             base: Instant::now(),
             has_breaker: AtomicBool::new(false),
+            #[cfg(feature = "shared-state")]
+            on_close: OnceLock::new(),
         })
     }
 
@@ -499,6 +507,23 @@ impl HostTable {
     /// Close `key`'s gate until `until` (a later closing wins).
     pub(crate) fn close_key(&self, key: u64, until: Instant) {
         self.close_host(key, None, until);
+        #[cfg(feature = "shared-state")]
+        if let Some(on_close) = self.on_close.get() {
+            on_close(key, until);
+        }
+    }
+
+    /// Close `key`'s gate for a pause the fleet set: told to no one.
+    #[cfg(feature = "shared-state")]
+    pub(crate) fn close_quiet(&self, key: u64, until: Instant) {
+        self.close_host(key, None, until);
+    }
+
+    /// Be told of every gate a response closes; `false` if something is
+    /// told already.
+    #[cfg(feature = "shared-state")]
+    pub(crate) fn set_on_close(&self, on_close: OnClose) -> bool {
+        self.on_close.set(on_close).is_ok()
     }
 
     fn close_host(&self, key: u64, host: Option<HostRef<'_>>, until: Instant) {

@@ -124,6 +124,9 @@ pub mod limit;
 #[cfg(feature = "ratelimit")]
 #[cfg_attr(docsrs, doc(cfg(feature = "ratelimit")))]
 pub mod ratelimit;
+#[cfg(feature = "shared-state")]
+#[cfg_attr(docsrs, doc(cfg(feature = "shared-state")))]
+pub mod shared;
 #[cfg(feature = "shutdown")]
 #[cfg_attr(docsrs, doc(cfg(feature = "shutdown")))]
 pub mod shutdown;

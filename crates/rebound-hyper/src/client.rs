@@ -552,6 +552,40 @@ impl<R> Service<Inquiry> for SharedCheck<R> {
     }
 }
 
+/// The client's path with shared host state in front
+/// ([`ClientBuilder::shared_state`]): admitted against the fleet's quota
+/// and pauses before it enters the stack (bounded by the caller's deadline
+/// or the total timeout), its response read into the shared state. One
+/// more boxed future per request, only with shared state.
+#[cfg(feature = "shared-state")]
+fn with_shared<R: Send + 'static>(
+    stack: SharedStack<Response<R>>,
+    shared: &Option<(rebound_core::shared::SharedState, Duration)>,
+) -> SharedStack<Response<R>> {
+    let Some((state, total)) = shared.clone() else {
+        return stack;
+    };
+    SharedStack {
+        call: Arc::new(move |req: Request<Body>| {
+            let (state, stack) = (state.clone(), stack.clone());
+            Box::pin(async move {
+                let latest = tokio::time::Instant::now() + total;
+                let deadline = rebound_core::annotations::Deadline::of(req.extensions())
+                    .map_or(latest, |d| d.min(latest));
+                let admitted = state.admit(req.method(), req.uri(), Some(deadline)).await?;
+                let res = (stack.call)(req).await?;
+                state.settle(admitted, res.status(), res.headers());
+                Ok(res)
+            })
+        }),
+    }
+}
+
+#[cfg(not(feature = "shared-state"))]
+fn with_shared<R>(stack: SharedStack<Response<R>>, _: &Option<()>) -> SharedStack<Response<R>> {
+    stack
+}
+
 /// The client's path on the whole stack, erased once: each call clones the
 /// stack (two reference counts: its configuration and the transport) and
 /// drives it in one boxed future. The stack's readiness is the
@@ -731,6 +765,8 @@ pub struct ClientBuilder {
     breaker: Option<Option<CircuitBreakerLayer>>,
     /// `None`: the default pacer, new per built client.
     rate_limit: Option<Option<RateLimitLayer>>,
+    #[cfg(feature = "shared-state")]
+    shared_state: Option<rebound_core::shared::SharedState>,
     idempotency: Option<IdempotencyKeyLayer>,
     hedge: HedgePolicy,
     fallback: Option<FallbackLayer>,
@@ -774,6 +810,8 @@ impl Default for ClientBuilder {
             gate_table: None,
             breaker: None,
             rate_limit: None,
+            #[cfg(feature = "shared-state")]
+            shared_state: None,
             idempotency: Some(IdempotencyKeyLayer::new()),
             hedge: HedgePolicy::off(),
             fallback: None,
@@ -1204,6 +1242,23 @@ impl ClientBuilder {
     /// as one request).
     pub fn rate_limit(mut self, rate_limit: impl Into<Option<RateLimitLayer>>) -> Self {
         self.rate_limit = Some(rate_limit.into());
+        self
+    }
+
+    /// Share each host's request quota and Retry-After pause with the other
+    /// replicas of the service through `state`'s store (Redis: the
+    /// `rebound-redis` crate); see `rebound_core::shared` for what is
+    /// shared, the fleet's worst-case overshoot, and the fall-back to local
+    /// state when the store is down. A request takes one request of its
+    /// replica's lease before it enters the stack (waiting, bounded by its
+    /// deadline, when the fleet's quota is out or its host paused); the
+    /// client's gate table is [attached](rebound_core::shared::SharedState::attach),
+    /// so a 429 any attempt draws pauses the fleet, and the fleet's pauses
+    /// hold this client's retries. Default: none (nothing shared, nothing
+    /// paid). Feature `shared-state`.
+    #[cfg(feature = "shared-state")]
+    pub fn shared_state(mut self, state: rebound_core::shared::SharedState) -> Self {
+        self.shared_state = Some(state);
         self
     }
 
@@ -1662,6 +1717,13 @@ impl ClientBuilder {
         let table = self
             .gate_table
             .unwrap_or_else(|| Arc::new(GateTable::default()));
+        #[cfg(feature = "shared-state")]
+        let shared = self.shared_state.clone().map(|state| {
+            state.attach(&table);
+            (state, total)
+        });
+        #[cfg(not(feature = "shared-state"))]
+        let shared = None::<()>;
         let gate = {
             let layer = RetryAfterGateLayer::shared(table.clone());
             // A client that gives up on a Retry-After over the cap does not
@@ -1763,10 +1825,10 @@ impl ClientBuilder {
             let stack = stack.layer(transport.heads());
             let max = self.max_response_body;
             return Ok(Client {
-                inner: on_stack(stack.clone(), None),
+                inner: with_shared(on_stack(stack.clone(), None), &shared),
                 // The JSON helpers: the same stack, the body read inside
                 // the attempt.
-                collecting: on_stack(stack, Some(max)),
+                collecting: with_shared(on_stack(stack, Some(max)), &shared),
                 replay_cap: self.replay_cap,
                 path: trace.path_redaction().clone(),
                 shutdown,
@@ -1825,8 +1887,8 @@ impl ClientBuilder {
         let collecting = collecting
             .map_response(|res: Response<CollectingBody>| res.map(ClientBody::layered_collected));
         Ok(Client {
-            inner: Stack::new(stack),
-            collecting: CollectingStack::new(collecting),
+            inner: with_shared(Stack::new(stack), &shared),
+            collecting: with_shared(CollectingStack::new(collecting), &shared),
             replay_cap: self.replay_cap,
             path: trace.path_redaction().clone(),
             shutdown,

@@ -20,6 +20,9 @@
 //! * [`capture`]: a tracing subscriber that keeps every span, every field
 //!   and every event message at TRACE, so tests can assert what was logged
 //!   (and that a secret never was).
+//! * [`redis`]: a real `redis-server` on a free `127.0.0.1` port, the
+//!   [`RedisServer`](redis::RedisServer), killed on drop, that a test can
+//!   kill, restart and pause (SIGSTOP) to fault the shared host state.
 //!
 //! * `grpc` (feature `tonic`): a scripted tonic server and a hand-written
 //!   client stub, for gRPC tests with no `protoc`.
@@ -34,4 +37,5 @@ pub mod grpc;
 pub mod mock;
 pub mod queueing;
 pub mod quota;
+pub mod redis;
 mod serve;

@@ -1,0 +1,1311 @@
+//! One quota and one Retry-After pause per host for a whole fleet of
+//! replicas: host state kept in a shared store (Redis: the
+//! `rebound-redis` crate), safe when the store is not.
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use std::sync::Arc;
+//! use rebound_core::shared::{HostStore, SharedConfig, SharedState, SharedStateLayer};
+//! # use rebound_core::shared::{HostId, Lease, Observation, PauseSink, StoreFuture};
+//! # use std::time::Duration;
+//! # #[derive(Debug)]
+//! # struct NoStore;
+//! # impl HostStore for NoStore {
+//! #     fn lease(&self, _: HostId, _: u64) -> StoreFuture<Lease> { Box::pin(async { Ok(Lease::Untracked) }) }
+//! #     fn give_back(&self, _: HostId, _: u64) -> StoreFuture<()> { Box::pin(async { Ok(()) }) }
+//! #     fn observe(&self, _: HostId, _: Observation) -> StoreFuture<()> { Box::pin(async { Ok(()) }) }
+//! #     fn pause(&self, _: HostId, _: Duration) -> StoreFuture<()> { Box::pin(async { Ok(()) }) }
+//! #     fn watch(&self, _: PauseSink) -> StoreFuture<()> { Box::pin(std::future::pending()) }
+//! # }
+//! use tower::{service_fn, ServiceBuilder, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), rebound_core::Error> {
+//! // In a real fleet: `rebound_redis::RedisStore::new("redis://…", "my-service")`.
+//! let store: Arc<dyn HostStore> = Arc::new(NoStore);
+//! let shared = SharedState::new(store, SharedConfig::new());
+//! let svc = ServiceBuilder::new()
+//!     .layer(SharedStateLayer::new(shared))
+//!     .service(service_fn(|_req: http::Request<()>| async {
+//!         Ok::<_, Infallible>(http::Response::new(()))
+//!     }));
+//! let req = http::Request::get("https://api.example/v1").body(()).unwrap();
+//! assert_eq!(svc.oneshot(req).await?.status(), 200);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # What is shared
+//!
+//! * **The request quota of each host.** A replica's first request to a
+//!   host goes alone: the others wait for its answer (at most 500 ms,
+//!   bounded by their deadline), which says whether the host has a quota
+//!   to share, so a fleet that starts at once does not spend a window
+//!   before it knows. The first response whose
+//!   rate-limit headers name a request quota (any family
+//!   [`ratelimit::parse`](crate::ratelimit::parse) reads) makes the host
+//!   *tracked*: its remaining count and reset go to the store, which keeps
+//!   one count for the fleet (a token bucket in one server-side script:
+//!   what the server said was left, less what replicas took since, refilled
+//!   to the limit at the reset). A request to a tracked host takes one
+//!   request from its replica's **lease**, a batch taken from the shared
+//!   count; only an empty lease costs a round trip. The lease's size adapts
+//!   to the replica's rate (its requests of the last lease, spread over
+//!   [`lease_period`](SharedConfig::lease_period), 100 ms; at most
+//!   [`max_lease`](SharedConfig::max_lease), 32), so a busy replica makes
+//!   about ten round trips a second per host and a quiet one takes one
+//!   request at a time. A lease ends at the window's reset, or after
+//!   [`lease_ttl`](SharedConfig::lease_ttl) (1 s), when what is left of it
+//!   is given back. A lease of zero (the shared count is out) holds the
+//!   host's requests until the reset, bounded by each request's
+//!   [`Deadline`] (a reset after it fails the request at once with
+//!   [`ErrorKind::QuotaExhausted`], not sent). After each lease, the next
+//!   response's headers are sent to the store: the server's count corrects
+//!   the shared one (it only lowers it within a window).
+//! * **The Retry-After pause of each host.** A 429 with a Retry-After
+//!   seen by any replica (by this layer, or by a gate over a
+//!   [`HostTable`] given to [`attach`](SharedState::attach)) is written to
+//!   the store with a time to live of the pause and published; every
+//!   replica closes its gate at once (and its attached table's, so the
+//!   retries inside the stack hold too), without polling. A replica that
+//!   (re)connects reads the pauses in force.
+//!
+//! # How far over the quota the fleet can go
+//!
+//! Within a window every leased request was taken from the shared count,
+//! which never exceeds what the server last said was left; so leased
+//! requests alone never exceed the quota in a window they were leased in.
+//! The fleet can go over by:
+//!
+//! 1. **Leases crossing a reset:** a replica's last leased requests sent
+//!    just before its lease ends, received by the server after its window
+//!    rolled, count in the next window, whose shared count is full: at
+//!    most `replicas × max_lease` per window (4 × 32 = 128 by default; the
+//!    lease ends at the reset the store computed on its own clock, so
+//!    replicas' clocks play no part).
+//! 2. **Unleased requests:** those sent before the host was tracked (one
+//!    per replica: its first request; more when it took over 500 ms to
+//!    answer, or a lease was asked before its observation reached the
+//!    store), during a fall-back to local state (the store down;
+//!    the local pacer still paces by the headers), and the retries inside
+//!    the stack (a layer above the retry loop leases once per request).
+//!
+//! `tests/shared_state.rs` checks the first bound against a real quota
+//! server and a real Redis: four replicas, after the first window, draw no
+//! more 429s per window than `replicas × max_lease`.
+//!
+//! # Safe when the store is not
+//!
+//! Every call to the store is bounded by
+//! [`call_timeout`](SharedConfig::call_timeout) (5 ms by default). A
+//! failed or timed-out call counts against a breaker; after
+//! [`failures_to_open`](SharedConfig::failures_to_open) (2) in a row the
+//! breaker opens: the store is not called for
+//! [`probe_interval`](SharedConfig::probe_interval) (500 ms), then one
+//! call probes it; a success rejoins. While open, requests use local state
+//! only (the pacer, the local gates) — **fail-open**, the default — or,
+//! with [`fail_closed`](SharedConfig::fail_closed), a request to a tracked
+//! host fails at once with [`ErrorKind::QuotaExhausted`], not sent. One
+//! WARN says the store is unavailable (its error kind; no URL, no key, no
+//! value), one INFO that it is back. A request never waits for the store
+//! longer than the call timeout, nor past its deadline.
+//!
+//! # Cost
+//!
+//! A client without shared state pays nothing. With it, a request to a
+//! host with a lease in hand hashes its scheme and authority (FxHash's
+//! step, 8 bytes at a time; the maps keyed by it hash no more), takes one uncontended lock
+//! and decrements the lease; its response is read (its headers parsed)
+//! only when an observation is due. The stable [`HostId`] and the host
+//! table's key are hashed once per host. The layer boxes its future (one
+//! allocation per request). See BENCHMARKS.md for the count.
+//!
+//! # Why a lease, not a call per request
+//!
+//! A round trip per request (a GCRA check per call) would put the store's
+//! latency and availability on every request; a lease makes it one round
+//! trip per batch, at the price of the overshoot bound above. Background
+//! refills were left out: they spend quota a replica may not use.
+//!
+//! # Tasks
+//!
+//! A [`SharedState`] starts one task (at its first request) that watches
+//! the store's pauses; it ends when the last clone is dropped. Writes that
+//! no request waits for (an observation, a pause, a lease given back) are
+//! spawned, each bounded by the call timeout.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
+
+use futures_util::future::BoxFuture;
+use http::{HeaderMap, Method, Request, Response, StatusCode, Uri};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::annotations::{Deadline, Reason, RetryAfterHint, Sent, Verdict};
+use crate::error::{BoxError, Error, ErrorKind};
+use crate::host::{HostRef, HostTable};
+use crate::ratelimit::parse::{self, Dimension};
+
+mod store;
+
+pub use self::store::{
+    HostId, HostStore, Lease, Observation, PauseSink, StoreError, StoreErrorKind, StoreFuture,
+};
+
+/// Hosts kept per [`SharedState`]; past that, the oldest entry goes.
+const MAX_HOSTS: usize = 4096;
+/// Pauses kept for hosts this replica has not called yet.
+const MAX_PENDING: usize = 1024;
+/// How long requests wait for the next answer when the shared count is out
+/// and the store does not know the reset.
+const PROBE: Duration = Duration::from_millis(50);
+
+// ===== settings =====
+
+/// How a [`SharedState`] uses its store. See the [module docs](self).
+#[derive(Clone, Debug)]
+pub struct SharedConfig {
+    call_timeout: Duration,
+    failures_to_open: u32,
+    probe_interval: Duration,
+    fail_closed: bool,
+    max_lease: u64,
+    lease_period: Duration,
+    lease_ttl: Duration,
+    max_wait: Duration,
+}
+
+impl Default for SharedConfig {
+    fn default() -> Self {
+        SharedConfig {
+            call_timeout: Duration::from_millis(5),
+            failures_to_open: 2,
+            probe_interval: Duration::from_millis(500),
+            fail_closed: false,
+            max_lease: 32,
+            lease_period: Duration::from_millis(100),
+            lease_ttl: Duration::from_secs(1),
+            max_wait: Duration::from_secs(60),
+        }
+    }
+}
+
+impl SharedConfig {
+    /// The defaults: calls bounded by 5 ms, the breaker open after 2
+    /// failures and probing every 500 ms, fail-open, leases of at most 32
+    /// sized for 100 ms and kept at most 1 s, waits of at most 60 s.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The longest a request waits for one call to the store. Default 5 ms.
+    pub fn call_timeout(mut self, timeout: Duration) -> Self {
+        self.call_timeout = timeout;
+        self
+    }
+
+    /// Failed calls in a row that open the breaker. Default 2.
+    pub fn failures_to_open(mut self, n: u32) -> Self {
+        self.failures_to_open = n;
+        self
+    }
+
+    /// How long the breaker stays open before a call probes the store.
+    /// Default 500 ms.
+    pub fn probe_interval(mut self, interval: Duration) -> Self {
+        self.probe_interval = interval;
+        self
+    }
+
+    /// While the store is unavailable, fail requests to tracked hosts
+    /// (`true`) instead of pacing them locally (`false`, the default).
+    pub fn fail_closed(mut self, enabled: bool) -> Self {
+        self.fail_closed = enabled;
+        self
+    }
+
+    /// The largest lease a replica takes. Default 32.
+    pub fn max_lease(mut self, n: u64) -> Self {
+        self.max_lease = n;
+        self
+    }
+
+    /// A lease is sized for this much of the replica's rate. Default 100 ms.
+    pub fn lease_period(mut self, period: Duration) -> Self {
+        self.lease_period = period;
+        self
+    }
+
+    /// The longest a lease is kept; what is left then is given back.
+    /// Default 1 s.
+    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
+        self.lease_ttl = ttl;
+        self
+    }
+
+    /// The longest a request without a deadline waits for the shared
+    /// quota or a pause. Default 60 s.
+    pub fn max_wait(mut self, max_wait: Duration) -> Self {
+        self.max_wait = max_wait;
+        self
+    }
+
+    fn validate(&self) -> Result<(), Error> {
+        let durations = [
+            ("call_timeout", self.call_timeout),
+            ("probe_interval", self.probe_interval),
+            ("lease_period", self.lease_period),
+            ("lease_ttl", self.lease_ttl),
+            ("max_wait", self.max_wait),
+        ];
+        for (what, d) in durations {
+            if d.is_zero() && what != "max_wait" {
+                return Err(Error::config(format!(
+                    "shared state: {what} must be above zero"
+                )));
+            }
+            if d > crate::config::MAX_DURATION {
+                return Err(Error::config(format!(
+                    "shared state: {what} must be at most {:?}, got {d:?}",
+                    crate::config::MAX_DURATION
+                )));
+            }
+        }
+        if self.failures_to_open == 0 {
+            return Err(Error::config(
+                "shared state: failures_to_open must be at least 1",
+            ));
+        }
+        if !(1..=1 << 20).contains(&self.max_lease) {
+            return Err(Error::config(format!(
+                "shared state: max_lease must be within 1..={}, got {}",
+                1 << 20,
+                self.max_lease
+            )));
+        }
+        Ok(())
+    }
+}
+
+// ===== the breaker around the store =====
+
+#[derive(Debug)]
+struct Breaker {
+    failures: AtomicU32,
+    /// ns since `base` until which the store is not called; 0: closed.
+    open_until: AtomicU64,
+    warned: AtomicBool,
+    base: Instant,
+}
+
+impl Breaker {
+    fn ns(&self, t: Instant) -> u64 {
+        u64::try_from(t.saturating_duration_since(self.base).as_nanos())
+            .unwrap_or(u64::MAX)
+            .max(1)
+    }
+
+    fn allows(&self, now: Instant) -> bool {
+        let until = self.open_until.load(Ordering::Acquire);
+        until == 0 || self.ns(now) >= until
+    }
+
+    fn is_open(&self) -> bool {
+        self.open_until.load(Ordering::Acquire) != 0
+    }
+
+    fn success(&self) {
+        if self.failures.load(Ordering::Relaxed) != 0 {
+            self.failures.store(0, Ordering::Relaxed);
+        }
+        if self.open_until.swap(0, Ordering::AcqRel) != 0
+            && self.warned.swap(false, Ordering::AcqRel)
+        {
+            tracing::info!("shared host state is back: sharing again");
+        }
+    }
+
+    fn failure(&self, config: &SharedConfig, err: &StoreError) {
+        let n = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
+        if n >= config.failures_to_open {
+            let until = self.ns(Instant::now() + config.probe_interval);
+            self.open_until.store(until, Ordering::Release);
+            if !self.warned.swap(true, Ordering::AcqRel) {
+                tracing::warn!(
+                    error = %err,
+                    "shared host state unavailable: using local state"
+                );
+            }
+        }
+    }
+}
+
+// ===== per-host state =====
+
+#[derive(Debug)]
+struct Entry {
+    id: HostId,
+    /// The host table's key for this host.
+    table_key: u64,
+    /// A pause the fleet set (or this replica saw).
+    paused_until: Option<Instant>,
+    /// The store keeps a quota for this host: requests take leases.
+    tracked: bool,
+    lease: u64,
+    lease_until: Instant,
+    /// The window the lease belongs to resets then (a lease left then is
+    /// not given back: the count refilled).
+    window_reset: Option<Instant>,
+    /// The shared count is out until then.
+    out_until: Option<Instant>,
+    want: u64,
+    fetching: bool,
+    notify: Arc<Notify>,
+    used: u64,
+    since: Instant,
+    /// The next response's headers go to the store.
+    observe_due: bool,
+    /// A response of this host was read (its first request went alone).
+    seen: bool,
+    /// Its first request is on its way: the others wait for its answer.
+    probing: bool,
+    touched: Instant,
+}
+
+/// The keys here are hashes already: a map needs no second one.
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl std::hash::Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 ^= n;
+    }
+    fn write_u128(&mut self, n: u128) {
+        self.0 ^= (n as u64) ^ ((n >> 64) as u64);
+    }
+}
+
+type Keyed<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<KeyHasher>>;
+
+/// A request's host as this state keys it: its scheme and authority
+/// (userinfo left out, lower-cased), hashed 8 bytes at a time (FxHash's
+/// step): a few dozen instructions, where the host table's keyed hash
+/// (which an entry keeps for the table) costs hundreds. Not keyed: the
+/// map it keys is bounded (4096 hosts), so crafted collisions can slow a
+/// look-up, never grow it.
+fn local_key(uri: &Uri) -> u64 {
+    let scheme = uri.scheme_str().unwrap_or("").as_bytes();
+    let authority = uri.authority().map_or(&b""[..], |a| a.as_str().as_bytes());
+    let plain = |b: &[u8]| !b.iter().any(|c| c.is_ascii_uppercase() || *c == b'@');
+    if plain(scheme) && plain(authority) {
+        return fx_part(fx_part(0, scheme), authority);
+    }
+    // Rare: upper case or userinfo. Normalise into a small buffer.
+    let authority = match authority.iter().rposition(|c| *c == b'@') {
+        Some(i) => &authority[i + 1..],
+        None => authority,
+    };
+    let mut h = 0;
+    for part in [scheme, authority] {
+        let mut buf = [0u8; 64];
+        let mut chunks = part.chunks(64);
+        let mut parts = 0;
+        for chunk in &mut chunks {
+            for (d, c) in buf.iter_mut().zip(chunk) {
+                *d = c.to_ascii_lowercase();
+            }
+            h = fx(h, &buf[..chunk.len()]);
+            parts += 1;
+        }
+        if parts == 0 {
+            h = fx(h, b"");
+        }
+    }
+    h
+}
+
+/// [`fx`] over `part` in pieces of 64 bytes (as the lower-casing path
+/// hashes them).
+fn fx_part(mut h: u64, part: &[u8]) -> u64 {
+    if part.is_empty() {
+        return fx(h, part);
+    }
+    for chunk in part.chunks(64) {
+        h = fx(h, chunk);
+    }
+    h
+}
+
+/// FxHash's step over `bytes`, 8 at a time, with their length.
+fn fx(mut h: u64, bytes: &[u8]) -> u64 {
+    const K: u64 = 0x517c_c1b7_2722_0a95;
+    let mut chunks = bytes.chunks_exact(8);
+    for c in &mut chunks {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(c);
+        h = (h.rotate_left(5) ^ u64::from_le_bytes(w)).wrapping_mul(K);
+    }
+    let rest = chunks.remainder();
+    let mut w = [0u8; 8];
+    w[..rest.len()].copy_from_slice(rest);
+    (h.rotate_left(5) ^ u64::from_le_bytes(w) ^ ((bytes.len() as u64) << 56)).wrapping_mul(K)
+}
+
+#[derive(Default)]
+struct Hosts {
+    by_key: Keyed<u64, Entry>,
+    by_id: Keyed<HostId, u64>,
+    /// The host table's key of each host → ours.
+    by_table: Keyed<u64, u64>,
+    /// Pauses of hosts not called yet.
+    pending: Keyed<HostId, Instant>,
+}
+
+struct Inner {
+    store: Arc<dyn HostStore>,
+    config: SharedConfig,
+    hosts: Mutex<Hosts>,
+    breaker: Breaker,
+    table: OnceLock<Weak<HostTable>>,
+    watch: OnceLock<tokio::task::AbortHandle>,
+    round_trips: AtomicU64,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(watch) = self.watch.get() {
+            watch.abort();
+        }
+    }
+}
+
+/// Host state shared with the other replicas of a service through a
+/// [`HostStore`]. See the [module docs](self).
+///
+/// # Clone
+///
+/// Clones share the same state, store and breaker.
+#[derive(Clone)]
+pub struct SharedState {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for SharedState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedState")
+            .field("store", &self.inner.store)
+            .field("config", &self.inner.config)
+            .field("available", &!self.inner.breaker.is_open())
+            .finish()
+    }
+}
+
+/// A request's place at a [`SharedState`]: the host it went to; hand it
+/// back with the response to [`SharedState::settle`].
+#[derive(Debug, Clone, Copy)]
+pub struct Admitted {
+    key: u64,
+    /// Its response's headers are to be read (an observation is due).
+    due: bool,
+}
+
+enum Step {
+    /// Go; the response is to be read.
+    Go(bool),
+    /// Wait until then, then ask again.
+    Wait(Instant),
+    /// A pause until then.
+    Paused(Instant),
+    /// Take a lease of this many.
+    Fetch(u64),
+    /// Another request is taking a lease: wait for it.
+    Join(Arc<Notify>),
+    /// A tracked host, the store unavailable (its breaker open).
+    Down,
+    /// The host's first request is on its way: wait for its answer (at
+    /// most [`PROBE_WAIT`]), then go.
+    Probe(Arc<Notify>),
+}
+
+/// How long requests to a host never answered wait for the answer to its
+/// first request (which says whether it has a quota to share).
+const PROBE_WAIT: Duration = Duration::from_millis(500);
+
+impl SharedState {
+    /// A shared state over `store`.
+    ///
+    /// # Panics
+    ///
+    /// On a setting [`try_new`](Self::try_new) refuses, naming it.
+    #[track_caller]
+    pub fn new(store: Arc<dyn HostStore>, config: SharedConfig) -> Self {
+        crate::config::expect_valid("SharedState::new", Self::try_new(store, config))
+    }
+
+    /// A shared state over `store`.
+    ///
+    /// # Errors
+    ///
+    /// A [`Config`](ErrorKind::Config) error for a zero timeout, period or
+    /// interval, a duration over a day, `failures_to_open` zero or
+    /// `max_lease` outside `1..=2²⁰`.
+    pub fn try_new(store: Arc<dyn HostStore>, config: SharedConfig) -> Result<Self, Error> {
+        config.validate()?;
+        Ok(SharedState {
+            inner: Arc::new(Inner {
+                store,
+                config,
+                hosts: Mutex::new(Hosts::default()),
+                breaker: Breaker {
+                    failures: AtomicU32::new(0),
+                    open_until: AtomicU64::new(0),
+                    warned: AtomicBool::new(false),
+                    base: Instant::now(),
+                },
+                table: OnceLock::new(),
+                watch: OnceLock::new(),
+                round_trips: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &SharedConfig {
+        &self.inner.config
+    }
+
+    /// Whether the store is in use now (its breaker is closed).
+    pub fn is_available(&self) -> bool {
+        !self.inner.breaker.is_open()
+    }
+
+    /// Calls made to the store that a request waited for (lease takes), for
+    /// benchmarks.
+    pub fn round_trips(&self) -> u64 {
+        self.inner.round_trips.load(Ordering::Relaxed)
+    }
+
+    /// Share pauses with a [`HostTable`] (a gate's, a client's): a gate of
+    /// the table that closes on a 429 publishes the pause to the fleet, and
+    /// a pause from the fleet closes the table's gate. One table per state;
+    /// `false` if one is attached already.
+    pub fn attach(&self, table: &Arc<HostTable>) -> bool {
+        if self.inner.table.set(Arc::downgrade(table)).is_err() {
+            return false;
+        }
+        let weak = Arc::downgrade(&self.inner);
+        table.set_on_close(Box::new(move |key, until| {
+            if let Some(inner) = weak.upgrade() {
+                let found = {
+                    let hosts = inner.lock();
+                    hosts
+                        .by_table
+                        .get(&key)
+                        .and_then(|k| hosts.by_key.get(k).map(|e| (e.id, *k)))
+                };
+                if let Some((id, key)) = found {
+                    let pause = until.saturating_duration_since(Instant::now());
+                    SharedState { inner }.publish(id, key, pause, false);
+                }
+            }
+        }))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Hosts> {
+        self.inner.lock()
+    }
+
+    fn start_watch(&self) {
+        if self.inner.watch.get().is_some() || tokio::runtime::Handle::try_current().is_err() {
+            return;
+        }
+        let weak = Arc::downgrade(&self.inner);
+        let task = tokio::spawn(async move {
+            let mut backoff = Duration::from_millis(50);
+            loop {
+                let Some(inner) = weak.upgrade() else { return };
+                let store = inner.store.clone();
+                drop(inner);
+                let w = weak.clone();
+                let sink: PauseSink = Arc::new(move |id, pause| {
+                    if let Some(inner) = w.upgrade() {
+                        SharedState { inner }.remote_pause(id, pause);
+                    }
+                });
+                let started = Instant::now();
+                let _ = store.watch(sink).await;
+                if started.elapsed() > Duration::from_secs(2) {
+                    backoff = Duration::from_millis(50);
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+            }
+        });
+        if let Err(task) = self.inner.watch.set(task.abort_handle()) {
+            task.abort();
+        }
+    }
+
+    /// A pause from the fleet (the store's watch).
+    fn remote_pause(&self, id: HostId, pause: Duration) {
+        let Some(until) = Instant::now().checked_add(pause) else {
+            return;
+        };
+        let mut hosts = self.lock();
+        let Some(&key) = hosts.by_id.get(&id) else {
+            if hosts.pending.len() >= MAX_PENDING {
+                let now = Instant::now();
+                hosts.pending.retain(|_, t| *t > now);
+            }
+            if hosts.pending.len() < MAX_PENDING {
+                let t = hosts.pending.entry(id).or_insert(until);
+                *t = (*t).max(until);
+            }
+            return;
+        };
+        let Some(e) = hosts.by_key.get_mut(&key) else {
+            return;
+        };
+        e.paused_until = Some(e.paused_until.map_or(until, |p| p.max(until)));
+        let table_key = e.table_key;
+        drop(hosts);
+        if let Some(table) = self.inner.table.get().and_then(Weak::upgrade) {
+            table.close_quiet(table_key, until);
+        }
+    }
+
+    /// Pause `id` here and for the fleet (spawned, bounded).
+    fn publish(&self, id: HostId, key: u64, pause: Duration, close_table: bool) {
+        if pause.is_zero() {
+            return;
+        }
+        let until = Instant::now().checked_add(pause);
+        if let Some(until) = until {
+            let table_key = self.lock().by_key.get_mut(&key).map(|e| {
+                e.paused_until = Some(e.paused_until.map_or(until, |p| p.max(until)));
+                e.table_key
+            });
+            if let (true, Some(table_key)) = (close_table, table_key) {
+                if let Some(table) = self.inner.table.get().and_then(Weak::upgrade) {
+                    table.close_quiet(table_key, until);
+                }
+            }
+        }
+        let fut = self.inner.store.pause(id, pause);
+        self.spawn_call(fut);
+    }
+
+    fn spawn_call(&self, fut: StoreFuture<()>) {
+        if !self.inner.breaker.allows(Instant::now())
+            || tokio::runtime::Handle::try_current().is_err()
+        {
+            return;
+        }
+        let this = self.clone();
+        tokio::spawn(async move {
+            let _ = this.call(fut).await;
+        });
+    }
+
+    async fn call<T>(&self, fut: StoreFuture<T>) -> Result<T, StoreError> {
+        let out = match tokio::time::timeout(self.inner.config.call_timeout, fut).await {
+            Ok(out) => out,
+            Err(_) => Err(StoreError::new(
+                StoreErrorKind::Timeout,
+                format!("no answer within {:?}", self.inner.config.call_timeout),
+            )),
+        };
+        match &out {
+            Ok(_) => self.inner.breaker.success(),
+            Err(e) => self.inner.breaker.failure(&self.inner.config, e),
+        }
+        out
+    }
+
+    fn step(&self, key: u64, uri: &Uri, now: Instant) -> Step {
+        let config = &self.inner.config;
+        let mut hosts = self.lock();
+        let hosts = &mut *hosts;
+        let e = match hosts.by_key.get_mut(&key) {
+            Some(e) => e,
+            None => {
+                let id = HostId::of(uri);
+                if hosts.by_key.len() >= MAX_HOSTS {
+                    let oldest = hosts
+                        .by_key
+                        .iter()
+                        .min_by_key(|(_, e)| e.touched)
+                        .map(|(k, e)| (*k, e.id));
+                    if let Some((k, id)) = oldest {
+                        if let Some(e) = hosts.by_key.remove(&k) {
+                            hosts.by_table.remove(&e.table_key);
+                        }
+                        hosts.by_id.remove(&id);
+                    }
+                }
+                let paused_until = hosts.pending.remove(&id).filter(|t| *t > now);
+                let table_key = HostRef::of(uri).key();
+                hosts.by_id.insert(id, key);
+                hosts.by_table.insert(table_key, key);
+                hosts.by_key.entry(key).or_insert(Entry {
+                    id,
+                    table_key,
+                    paused_until,
+                    tracked: false,
+                    lease: 0,
+                    lease_until: now,
+                    window_reset: None,
+                    out_until: None,
+                    want: (config.max_lease / 4).max(1),
+                    fetching: false,
+                    notify: Arc::new(Notify::new()),
+                    used: 0,
+                    since: now,
+                    observe_due: true,
+                    seen: false,
+                    probing: false,
+                    touched: now,
+                })
+            }
+        };
+        e.touched = now;
+        if let Some(p) = e.paused_until {
+            if p > now {
+                return Step::Paused(p);
+            }
+            e.paused_until = None;
+        }
+        if !e.tracked {
+            if !e.seen && self.inner.breaker.allows(now) {
+                if e.probing {
+                    return Step::Probe(e.notify.clone());
+                }
+                e.probing = true;
+            }
+            return Step::Go(true);
+        }
+        if e.lease > 0 && now < e.lease_until {
+            e.lease -= 1;
+            e.used += 1;
+            return Step::Go(e.observe_due);
+        }
+        if e.lease > 0 {
+            // Expired by its ttl within the window: give it back.
+            let n = std::mem::take(&mut e.lease);
+            if e.window_reset.is_none_or(|r| r > now) {
+                let fut = self.inner.store.give_back(e.id, n);
+                self.spawn_call(fut);
+            }
+        }
+        if let Some(out) = e.out_until {
+            if out > now {
+                return Step::Wait(out);
+            }
+            e.out_until = None;
+        }
+        if !self.inner.breaker.allows(now) {
+            return Step::Down;
+        }
+        if e.fetching {
+            return Step::Join(e.notify.clone());
+        }
+        let elapsed = now.saturating_duration_since(e.since);
+        if e.used > 0 && !elapsed.is_zero() {
+            let rate = e.used as f64 / elapsed.as_secs_f64();
+            let want = (rate * config.lease_period.as_secs_f64()).ceil();
+            e.want = (want.min(config.max_lease as f64) as u64).clamp(1, config.max_lease);
+        }
+        e.used = 0;
+        e.since = now;
+        e.fetching = true;
+        Step::Fetch(e.want)
+    }
+
+    /// Admit a request to `uri`: at once with a lease in hand (or to a host
+    /// the store keeps no quota for), else after taking a lease, waiting
+    /// for the shared quota or a pause (bounded by `deadline`, else
+    /// [`max_wait`](SharedConfig::max_wait)).
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::QuotaExhausted`] (not sent) when the shared quota does
+    /// not come back before the deadline, or the store is unavailable and
+    /// the state fails closed; [`ErrorKind::Throttled`] when a pause ends
+    /// after the deadline.
+    pub async fn admit(
+        &self,
+        method: &Method,
+        uri: &Uri,
+        deadline: Option<Instant>,
+    ) -> Result<Admitted, Error> {
+        let key = local_key(uri);
+        self.start_watch();
+        loop {
+            let now = Instant::now();
+            let bound = |t: Instant| {
+                deadline.is_some_and(|d| t > d)
+                    || t.saturating_duration_since(now) > self.inner.config.max_wait
+            };
+            match self.step(key, uri, now) {
+                Step::Go(due) => return Ok(Admitted { key, due }),
+                Step::Paused(until) => {
+                    if bound(until) {
+                        return Err(refused(
+                            ErrorKind::Throttled,
+                            "the fleet's pause of this host ends after the deadline",
+                            method,
+                            uri,
+                            until - now,
+                        ));
+                    }
+                    tokio::time::sleep_until(until).await;
+                }
+                Step::Wait(until) => {
+                    if bound(until) {
+                        return Err(refused(
+                            ErrorKind::QuotaExhausted,
+                            "no shared requests left before the deadline",
+                            method,
+                            uri,
+                            until - now,
+                        ));
+                    }
+                    tokio::time::sleep_until(until).await;
+                }
+                Step::Probe(notify) => {
+                    let until = deadline.map_or(now + PROBE_WAIT, |d| d.min(now + PROBE_WAIT));
+                    let _ = tokio::time::timeout_at(until, notify.notified()).await;
+                    // Go after the wait either way: the probe may have
+                    // failed unanswered.
+                    let mut hosts = self.lock();
+                    if let Some(e) = hosts.by_key.get_mut(&key) {
+                        if !e.seen && Instant::now() >= until {
+                            // Its answer never came: stop waiting for it.
+                            e.seen = true;
+                            e.probing = false;
+                        }
+                        if e.tracked {
+                            continue;
+                        }
+                    }
+                    return Ok(Admitted { key, due: true });
+                }
+                Step::Down if self.inner.config.fail_closed => {
+                    return Err(refused(
+                        ErrorKind::QuotaExhausted,
+                        "shared state unavailable (fail-closed)",
+                        method,
+                        uri,
+                        self.inner.config.probe_interval,
+                    ));
+                }
+                Step::Down => return Ok(Admitted { key, due: true }),
+                Step::Join(notify) => {
+                    let wait = self.inner.config.call_timeout * 2;
+                    let _ = tokio::time::timeout(wait, notify.notified()).await;
+                }
+                Step::Fetch(want) => {
+                    let fetched = Fetching { state: self, key };
+                    let id = fetched.id();
+                    self.inner.round_trips.fetch_add(1, Ordering::Relaxed);
+                    let out = self.call(self.inner.store.lease(id, want)).await;
+                    match fetched.done(out) {
+                        Ok(true) => return Ok(Admitted { key, due: true }),
+                        Ok(false) => continue,
+                        Err(_) if self.inner.config.fail_closed => {
+                            return Err(refused(
+                                ErrorKind::QuotaExhausted,
+                                "shared state unavailable (fail-closed)",
+                                method,
+                                uri,
+                                self.inner.config.probe_interval,
+                            ));
+                        }
+                        Err(_) => return Ok(Admitted { key, due: true }),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Read what the response to an admitted request said: its pause
+    /// (a 429 with a Retry-After) is published to the fleet; its quota
+    /// headers, when an observation is due, go to the store.
+    pub fn settle(&self, admitted: Admitted, status: StatusCode, headers: &HeaderMap) {
+        let too_many = status == StatusCode::TOO_MANY_REQUESTS;
+        if !admitted.due && !too_many {
+            // A lease in hand and no observation due: nothing to read.
+            return;
+        }
+        let (id, due, probe) = {
+            let mut hosts = self.lock();
+            match hosts.by_key.get_mut(&admitted.key) {
+                Some(e) => {
+                    let probe = std::mem::take(&mut e.probing);
+                    e.seen = true;
+                    (
+                        e.id,
+                        e.observe_due || !e.tracked,
+                        probe.then(|| e.notify.clone()),
+                    )
+                }
+                None => return,
+            }
+        };
+        // The first answer of a host: those waiting for it go once it is
+        // read (below), tracked or not.
+        let _wake = probe.map(Wake);
+        if !due && !too_many {
+            return;
+        }
+        #[allow(clippy::disallowed_methods)] // the wall clock, for dates
+        let reading = parse::read(headers, status, SystemTime::now());
+        if too_many {
+            if let Some(pause) = reading.retry_after {
+                self.publish(id, admitted.key, pause, true);
+            }
+        }
+        if !due || parse::is_cached(status, headers) {
+            return;
+        }
+        let quota = reading
+            .quotas()
+            .find(|(d, q)| *d == Dimension::Requests && q.remaining.is_some());
+        let Some((_, q)) = quota else { return };
+        let observation = Observation {
+            remaining: q.remaining.unwrap_or(0),
+            reset_in: q.reset,
+            limit: q.limit,
+            window: q.window,
+            precision: q.precision.granule(),
+        };
+        if let Some(e) = self.lock().by_key.get_mut(&admitted.key) {
+            e.observe_due = false;
+            e.tracked = true;
+        }
+        let fut = self.inner.store.observe(id, observation);
+        self.spawn_call(fut);
+    }
+}
+
+/// Wakes the requests waiting for a host's first answer when dropped.
+struct Wake(Arc<Notify>);
+
+impl Drop for Wake {
+    fn drop(&mut self) {
+        self.0.notify_waiters();
+    }
+}
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, Hosts> {
+        self.hosts.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A lease being taken: dropped before its answer (the request was
+/// cancelled), it lets the others take one.
+struct Fetching<'a> {
+    state: &'a SharedState,
+    key: u64,
+}
+
+impl Fetching<'_> {
+    fn id(&self) -> HostId {
+        self.state
+            .lock()
+            .by_key
+            .get(&self.key)
+            .map_or(HostId(0), |e| e.id)
+    }
+
+    /// `Ok(true)`: go (the caller took one); `Ok(false)`: ask again.
+    fn done(self, out: Result<Lease, StoreError>) -> Result<bool, StoreError> {
+        let now = Instant::now();
+        let config = &self.state.inner.config;
+        let mut hosts = self.state.lock();
+        let Some(e) = hosts.by_key.get_mut(&self.key) else {
+            return Ok(true);
+        };
+        let go = match out {
+            Err(e) => Err(e),
+            Ok(Lease::Untracked) => {
+                e.tracked = false;
+                e.observe_due = true;
+                Ok(true)
+            }
+            Ok(Lease::Granted { granted, reset_in }) => {
+                let reset = reset_in.and_then(|r| now.checked_add(r));
+                e.window_reset = reset;
+                e.observe_due = true;
+                if granted == 0 {
+                    e.out_until = Some(reset.unwrap_or(now + PROBE));
+                    Ok(false)
+                } else {
+                    e.lease = granted - 1;
+                    e.used += 1;
+                    let ttl = now + config.lease_ttl;
+                    e.lease_until = reset.map_or(ttl, |r| r.min(ttl));
+                    Ok(true)
+                }
+            }
+        };
+        drop(hosts);
+        go
+    }
+}
+
+impl Drop for Fetching<'_> {
+    fn drop(&mut self) {
+        if let Some(e) = self.state.lock().by_key.get_mut(&self.key) {
+            e.fetching = false;
+            e.notify.notify_waiters();
+        }
+    }
+}
+
+fn refused(
+    kind: ErrorKind,
+    detail: &'static str,
+    method: &Method,
+    uri: &Uri,
+    left: Duration,
+) -> Error {
+    let mut err = Error::new(kind)
+        .with_detail(detail)
+        .with_request(method, uri);
+    let ext = err.extensions_mut();
+    ext.insert(RetryAfterHint(left));
+    ext.insert(Sent::NotSent);
+    ext.insert(Verdict::Fatal {
+        reason: Reason::new_static("shared quota"),
+    });
+    err
+}
+
+// ===== the layer =====
+
+/// Admits requests against the fleet's shared quota and pauses, and reads
+/// their responses into it. See the [module docs](self).
+///
+/// Place it above the retry layer (each request leases once) or below it
+/// (each attempt does); with a Retry-After gate, [`SharedState::attach`]
+/// its table so the pauses it closes reach the fleet.
+///
+/// # Clone
+///
+/// Clones share the same [`SharedState`].
+#[derive(Clone, Debug)]
+pub struct SharedStateLayer {
+    state: SharedState,
+}
+
+impl SharedStateLayer {
+    /// A layer over `state`.
+    pub fn new(state: SharedState) -> Self {
+        SharedStateLayer { state }
+    }
+
+    /// The state.
+    pub fn state(&self) -> &SharedState {
+        &self.state
+    }
+}
+
+impl<S> Layer<S> for SharedStateLayer {
+    type Service = SharedStateService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        SharedStateService {
+            inner,
+            state: self.state.clone(),
+        }
+    }
+}
+
+/// The service of [`SharedStateLayer`].
+#[derive(Clone, Debug)]
+pub struct SharedStateService<S> {
+    inner: S,
+    state: SharedState,
+}
+
+impl<S> SharedStateService<S> {
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+}
+
+impl<S, ReqB, ResB> Service<Request<ReqB>> for SharedStateService<S>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Into<BoxError>,
+    ReqB: Send + 'static,
+    ResB: Send + 'static,
+{
+    type Response = Response<ResB>;
+    type Error = Error;
+    type Future = BoxFuture<'static, Result<Response<ResB>, Error>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // The inner service is made ready after admission (a clone).
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        let state = self.state.clone();
+        let inner = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, inner);
+        Box::pin(async move {
+            let admitted = state
+                .admit(req.method(), req.uri(), Deadline::of(req.extensions()))
+                .await?;
+            let res = tower::ServiceExt::oneshot(inner, req)
+                .await
+                .map_err(|e| Error::from_boxed(e.into()))?;
+            state.settle(admitted, res.status(), res.headers());
+            Ok(res)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(s: &str) -> u64 {
+        local_key(&s.parse().unwrap())
+    }
+
+    #[test]
+    fn the_local_key_ignores_case_and_userinfo_and_tells_hosts_apart() {
+        assert_eq!(
+            key("https://api.example/a"),
+            key("https://API.Example/b?q=1")
+        );
+        assert_eq!(
+            key("https://api.example/"),
+            key("https://user:pw@api.example/")
+        );
+        assert_ne!(key("https://api.example/"), key("http://api.example/"));
+        assert_ne!(
+            key("https://api.example/"),
+            key("https://api.example:8443/")
+        );
+        assert_ne!(key("https://a.example/"), key("https://b.example/"));
+        let long = format!("https://{}.example/", "x".repeat(100));
+        assert_eq!(
+            key(&long),
+            key(&long.to_uppercase().replace("HTTPS", "https"))
+        );
+    }
+
+    #[test]
+    fn bad_settings_are_errors_naming_them() {
+        #[derive(Debug)]
+        struct Never;
+        impl HostStore for Never {
+            fn lease(&self, _: HostId, _: u64) -> StoreFuture<Lease> {
+                Box::pin(std::future::pending())
+            }
+            fn give_back(&self, _: HostId, _: u64) -> StoreFuture<()> {
+                Box::pin(std::future::pending())
+            }
+            fn observe(&self, _: HostId, _: Observation) -> StoreFuture<()> {
+                Box::pin(std::future::pending())
+            }
+            fn pause(&self, _: HostId, _: Duration) -> StoreFuture<()> {
+                Box::pin(std::future::pending())
+            }
+            fn watch(&self, _: PauseSink) -> StoreFuture<()> {
+                Box::pin(std::future::pending())
+            }
+        }
+        for (config, name) in [
+            (
+                SharedConfig::new().call_timeout(Duration::ZERO),
+                "call_timeout",
+            ),
+            (SharedConfig::new().max_lease(0), "max_lease"),
+            (SharedConfig::new().failures_to_open(0), "failures_to_open"),
+        ] {
+            let err = SharedState::try_new(Arc::new(Never), config).unwrap_err();
+            assert!(err.to_string().contains(name), "{err}");
+        }
+    }
+
+    /// A store that never answers costs a request the call timeout, no
+    /// more, and the request goes (fail-open); paused time.
+    #[tokio::test(start_paused = true)]
+    async fn a_store_that_never_answers_costs_the_call_timeout_then_local_state() {
+        #[derive(Debug)]
+        struct Slow;
+        impl HostStore for Slow {
+            fn lease(&self, _: HostId, _: u64) -> StoreFuture<Lease> {
+                Box::pin(std::future::pending())
+            }
+            fn give_back(&self, _: HostId, _: u64) -> StoreFuture<()> {
+                Box::pin(std::future::pending())
+            }
+            fn observe(&self, _: HostId, _: Observation) -> StoreFuture<()> {
+                Box::pin(async { Ok(()) })
+            }
+            fn pause(&self, _: HostId, _: Duration) -> StoreFuture<()> {
+                Box::pin(std::future::pending())
+            }
+            fn watch(&self, _: PauseSink) -> StoreFuture<()> {
+                Box::pin(std::future::pending())
+            }
+        }
+        let state = SharedState::new(Arc::new(Slow), SharedConfig::new());
+        let uri: Uri = "https://api.example/".parse().unwrap();
+        let mut headers = HeaderMap::new();
+        headers.insert("x-ratelimit-remaining-requests", "10".parse().unwrap());
+        headers.insert("x-ratelimit-reset-requests", "1s".parse().unwrap());
+        let a = state.admit(&Method::GET, &uri, None).await.unwrap();
+        state.settle(a, StatusCode::OK, &headers);
+        for i in 0..4 {
+            let t = Instant::now();
+            state.admit(&Method::GET, &uri, None).await.unwrap();
+            let waited = t.elapsed();
+            assert!(
+                waited <= Duration::from_millis(5),
+                "request {i}: {waited:?}"
+            );
+        }
+        assert!(!state.is_available());
+
+        // Fail-closed: the same, and then requests to the host fail at
+        // once, not sent, until the store answers again.
+        let closed = SharedState::new(Arc::new(Slow), SharedConfig::new().fail_closed(true));
+        let a = closed.admit(&Method::GET, &uri, None).await.unwrap();
+        closed.settle(a, StatusCode::OK, &headers);
+        let mut refused = 0;
+        for _ in 0..4 {
+            let t = Instant::now();
+            if let Err(e) = closed.admit(&Method::GET, &uri, None).await {
+                assert_eq!(e.kind(), ErrorKind::QuotaExhausted);
+                refused += 1;
+            }
+            assert!(t.elapsed() <= Duration::from_millis(5));
+        }
+        assert_eq!(refused, 4);
+    }
+}
