@@ -441,13 +441,7 @@ impl<C, Q> ReconcileLayer<C, Q> {
     /// body of the responses it returns. `rebound::ClientBuilder::reconcile`
     /// uses it to fit one check to both of the client's stacks.
     pub fn map_check<D>(self, f: impl FnOnce(C) -> D) -> ReconcileLayer<D, Q> {
-        ReconcileLayer {
-            check: f(self.check),
-            timeout: self.timeout,
-            retry_when_ambiguous: self.retry_when_ambiguous,
-            id: self.id,
-            asks: PhantomData,
-        }
+        self.map_asking(f)
     }
 
     /// The same layer with its check replaced by `f(check)`, which asks

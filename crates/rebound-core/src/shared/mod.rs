@@ -861,32 +861,20 @@ impl SharedState {
                 deadline.is_some_and(|d| t > d)
                     || t.saturating_duration_since(now) > self.inner.config.max_wait
             };
-            match self.step(key, uri, now) {
+            // A pause and an empty quota wait alike; they fail with their
+            // own kind and reason when the wait is past the bound.
+            let (until, kind, why) = match self.step(key, uri, now) {
                 Step::Go(due) => return Ok(Admitted { key, due }),
-                Step::Paused(until) => {
-                    if bound(until) {
-                        return Err(refused(
-                            ErrorKind::Throttled,
-                            "the fleet's pause of this host ends after the deadline",
-                            method,
-                            uri,
-                            until - now,
-                        ));
-                    }
-                    tokio::time::sleep_until(until).await;
-                }
-                Step::Wait(until) => {
-                    if bound(until) {
-                        return Err(refused(
-                            ErrorKind::QuotaExhausted,
-                            "no shared requests left before the deadline",
-                            method,
-                            uri,
-                            until - now,
-                        ));
-                    }
-                    tokio::time::sleep_until(until).await;
-                }
+                Step::Paused(until) => (
+                    until,
+                    ErrorKind::Throttled,
+                    "the fleet's pause of this host ends after the deadline",
+                ),
+                Step::Wait(until) => (
+                    until,
+                    ErrorKind::QuotaExhausted,
+                    "no shared requests left before the deadline",
+                ),
                 Step::Probe(notify) => {
                     let until = deadline.map_or(now + PROBE_WAIT, |d| d.min(now + PROBE_WAIT));
                     let _ = tokio::time::timeout_at(until, notify.notified()).await;
@@ -918,6 +906,7 @@ impl SharedState {
                 Step::Join(notify) => {
                     let wait = self.inner.config.call_timeout * 2;
                     let _ = tokio::time::timeout(wait, notify.notified()).await;
+                    continue;
                 }
                 Step::Fetch(want) => {
                     let fetched = Fetching { state: self, key };
@@ -939,7 +928,11 @@ impl SharedState {
                         Err(_) => return Ok(Admitted { key, due: true }),
                     }
                 }
+            };
+            if bound(until) {
+                return Err(refused(kind, why, method, uri, until - now));
             }
+            tokio::time::sleep_until(until).await;
         }
     }
 
