@@ -9,13 +9,13 @@ pub use rebound_core::*;
 pub use rebound_hyper;
 /// The JSON helpers' errors and their docs (`Client::get_json`, ...).
 pub use rebound_hyper::json;
-#[allow(deprecated)]
-pub use rebound_hyper::ResponseFuture;
 pub use rebound_hyper::{
     Body, BodyTimeouts, Client, ClientBody, ClientBuilder, ClientClassifier, HyperTransport,
-    JsonError, JsonErrorCategory, MinBodyRate, RequestBuilder, ResponseBody, SendFuture, TlsRoots,
+    JsonError, JsonErrorCategory, MinBodyRate, RequestBuilder, SendFuture, TlsRoots, TransportBody,
     TransportBuilder, UnexpectedStatus,
 };
+#[allow(deprecated)]
+pub use rebound_hyper::{ResponseBody, ResponseFuture};
 /// The Redis store of the shared host state (feature `redis`).
 #[cfg(feature = "redis")]
 pub use rebound_redis as redis;

@@ -413,7 +413,7 @@ async fn a_message_over_the_replay_cap_is_sent_once() {
             GrpcClassifier::default(),
             Duration::from_secs(10),
         );
-        // Over ReplayBody's 64 KiB cap: the first attempt streams it whole,
+        // Over RecordingBody's 64 KiB cap: the first attempt streams it whole,
         // and no retry can be made.
         let message = Bytes::from(vec![1u8; 100 * 1024]);
         let status = c.unary(SAY, message.clone()).await.unwrap_err();

@@ -1,18 +1,18 @@
 //! Request bodies that can be sent again.
 //!
-//! A retry needs the request body a second time. [`ReplayableBody`] is how the
+//! A retry needs the request body a second time. [`CloneableBody`] is how the
 //! retry layer asks a body for a copy: bodies already in memory answer with
 //! a clone — `Full<Bytes>` and `Empty` cheaply (a reference count, never a
 //! copy of the bytes), `String` by copying it (prefer `Full<Bytes>` for large
 //! bodies); a streamed body is replayable once wrapped in
-//! [`ReplayBody`](crate::replay::ReplayBody), which records it up to a cap; a
+//! [`RecordingBody`](crate::replay::RecordingBody), which records it up to a cap; a
 //! body that cannot be replayed answers `None`, and the request is then not
 //! retried.
 //!
 //! ```
 //! use bytes::Bytes;
 //! use http_body_util::{Empty, Full};
-//! use rebound_core::body::ReplayableBody;
+//! use rebound_core::body::CloneableBody;
 //!
 //! let body = Full::new(Bytes::from_static(b"hello"));
 //! assert!(body.try_replay().is_some());
@@ -23,13 +23,20 @@ use std::task::{Context, Poll};
 
 use http_body_util::{Empty, Full};
 
+/// The old name of [`CloneableBody`] (renamed so that the three request-body
+/// names — `CloneableBody`, [`RetryBody`], [`RecordingBody`](crate::replay::RecordingBody)
+/// — no longer look alike). A re-export, so existing `impl ReplayableBody for`
+/// blocks keep compiling.
+#[doc(hidden)]
+pub use self::CloneableBody as ReplayableBody;
+
 /// A request body that may be able to produce a fresh copy of itself for
 /// another attempt.
 ///
 /// `try_replay` is called on the body **before** an attempt is sent, so the
 /// copy starts from the beginning. Returning `None` means "cannot be sent
 /// again": the retry layer then makes a single attempt and says why.
-pub trait ReplayableBody: http_body::Body + Sized {
+pub trait CloneableBody: http_body::Body + Sized {
     /// A copy of this body, from its start, for another attempt; `None` if
     /// this body cannot be replayed.
     fn try_replay(&self) -> Option<Self>;
@@ -53,7 +60,7 @@ pub trait ReplayableBody: http_body::Body + Sized {
     /// Read more of the body into its replay buffer, without sending it,
     /// so that a retry can be sent whole: what the retry layer does while
     /// it waits for a streamed body that an attempt was still sending when
-    /// the answer came (see [`ReplayBody::poll_buffer`](crate::replay::ReplayBody::poll_buffer)).
+    /// the answer came (see [`RecordingBody::poll_buffer`](crate::replay::RecordingBody::poll_buffer)).
     /// `Ready(Some(n))`: `n` more bytes are buffered, poll again;
     /// `Ready(None)`: nothing more to buffer (the body is whole, or can no
     /// longer be replayed); `Pending`: waiting for the body.
@@ -68,7 +75,7 @@ pub trait ReplayableBody: http_body::Body + Sized {
     }
 }
 
-impl<D> ReplayableBody for Full<D>
+impl<D> CloneableBody for Full<D>
 where
     D: bytes::Buf + Clone,
 {
@@ -77,13 +84,13 @@ where
     }
 }
 
-impl<D: bytes::Buf> ReplayableBody for Empty<D> {
+impl<D: bytes::Buf> CloneableBody for Empty<D> {
     fn try_replay(&self) -> Option<Self> {
         Some(Empty::new())
     }
 }
 
-impl ReplayableBody for String {
+impl CloneableBody for String {
     fn try_replay(&self) -> Option<Self> {
         Some(self.clone())
     }
@@ -92,9 +99,9 @@ impl ReplayableBody for String {
 /// A request body the [retry layer](crate::retry) can send again: what it
 /// keeps between attempts, and how it makes each attempt's body from that.
 ///
-/// Every [`ReplayableBody`] is one (it keeps a copy of itself). With the
+/// Every [`CloneableBody`] is one (it keeps a copy of itself). With the
 /// `tonic` feature so is `tonic::body::Body`, a stream behind a box: it is
-/// recorded with a [`ReplayBody`](crate::replay::ReplayBody) (64 KiB cap)
+/// recorded with a [`RecordingBody`](crate::replay::RecordingBody) (64 KiB cap)
 /// while the first attempt streams it, and each attempt gets a
 /// `tonic::body::Body` over a copy — so the retry layer stacks directly over
 /// a `tonic::transport::Channel`, with no adapter. The recording, like the
@@ -109,7 +116,7 @@ pub trait RetryBody: http_body::Body + Sized {
     fn keep(self) -> (Self, Option<Self::Kept>);
 
     /// A body for a retry, from its start, only if it is known to be sent
-    /// whole (see [`ReplayableBody::try_replay_whole`]); `None` if it cannot
+    /// whole (see [`CloneableBody::try_replay_whole`]); `None` if it cannot
     /// be replayed (it streamed past its cap) or not yet known to be whole.
     fn replay(kept: &Self::Kept) -> Option<Self>;
 
@@ -118,7 +125,7 @@ pub trait RetryBody: http_body::Body + Sized {
     fn may_replay(kept: &Self::Kept) -> bool;
 
     /// Read more of the body into what is kept, while the retry loop waits
-    /// for it to become whole (see [`ReplayableBody::poll_buffer`]). The
+    /// for it to become whole (see [`CloneableBody::poll_buffer`]). The
     /// default is `Ready(None)`: nothing to read.
     fn poll_buffer(kept: &mut Self::Kept, cx: &mut Context<'_>) -> Poll<Option<usize>> {
         let _ = (kept, cx);
@@ -126,7 +133,7 @@ pub trait RetryBody: http_body::Body + Sized {
     }
 }
 
-impl<B: ReplayableBody> RetryBody for B {
+impl<B: CloneableBody> RetryBody for B {
     type Kept = B;
 
     fn keep(self) -> (Self, Option<Self::Kept>) {
@@ -149,10 +156,10 @@ impl<B: ReplayableBody> RetryBody for B {
 
 #[cfg(feature = "tonic")]
 impl RetryBody for tonic::body::Body {
-    type Kept = crate::replay::ReplayBody<tonic::body::Body>;
+    type Kept = crate::replay::RecordingBody<tonic::body::Body>;
 
     fn keep(self) -> (Self, Option<Self::Kept>) {
-        let kept = crate::replay::ReplayBody::new(self);
+        let kept = crate::replay::RecordingBody::new(self);
         match kept.try_replay() {
             Some(first) => (tonic::body::Body::new(first), Some(kept)),
             // Unreachable: nothing has been read yet.

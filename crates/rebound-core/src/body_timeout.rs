@@ -33,7 +33,7 @@
 //!
 //! [`BodyTimer`] is the policy of the response-body timeouts, written once:
 //! plain state and one `poll`-time function, no tower. rebound-hyper's
-//! `ResponseBody` (the transport's body, standalone) and the stack's
+//! `TransportBody` (the transport's body, standalone) and the stack's
 //! [`StackBody`](crate::stack::StackBody) are thin wrappers over it. It
 //! applies up to three limits:
 //!

@@ -164,7 +164,9 @@ pub use crate::annotations::{
     MaxAttempts, PermitLease, PreviousAttempt, ProposedDelay, Reason, RetryAfterHint, RetryStop,
     Sent, Verdict,
 };
-pub use crate::body::{ReplayableBody, RetryBody};
+#[doc(hidden)]
+pub use crate::body::ReplayableBody;
+pub use crate::body::{CloneableBody, RetryBody};
 pub use crate::error::{BoxError, Error, ErrorKind, TimeoutStage};
 
 #[cfg(feature = "timeout")]

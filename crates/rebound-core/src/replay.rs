@@ -1,8 +1,8 @@
-//! Streaming request bodies that can be sent again: [`ReplayBody`].
+//! Streaming request bodies that can be sent again: [`RecordingBody`].
 //!
 //! A retry needs the request body a second time. Bodies already in memory
 //! (`Full`, `Empty`, `String`) replay for free (see [`crate::body`]); a
-//! *streaming* body is wrapped in a [`ReplayBody`], which records the chunks
+//! *streaming* body is wrapped in a [`RecordingBody`], which records the chunks
 //! while the first attempt streams them and plays the recording back to the
 //! next attempt, up to a cap.
 //!
@@ -12,13 +12,13 @@
 //! use futures_util::stream;
 //! use http_body::Frame;
 //! use http_body_util::{BodyExt, StreamBody};
-//! use rebound_core::body::ReplayableBody;
-//! use rebound_core::replay::ReplayBody;
+//! use rebound_core::body::CloneableBody;
+//! use rebound_core::replay::RecordingBody;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), rebound_core::Error> {
 //! let chunks = stream::iter(["hello, ", "world"].map(|s| Ok::<_, Infallible>(Frame::data(Bytes::from(s)))));
-//! let kept = ReplayBody::new(StreamBody::new(chunks));
+//! let kept = RecordingBody::new(StreamBody::new(chunks));
 //!
 //! // The retry layer asks for a copy before every attempt.
 //! let first = kept.try_replay().expect("nothing read yet");
@@ -72,12 +72,12 @@
 //!
 //! # The cap
 //!
-//! Once more than [`max_bytes`](ReplayBody::with_max_bytes) bytes have been
-//! read (default [64 KiB](ReplayBody::DEFAULT_MAX_BYTES)), the body is
+//! Once more than [`max_bytes`](RecordingBody::with_max_bytes) bytes have been
+//! read (default [64 KiB](RecordingBody::DEFAULT_MAX_BYTES)), the body is
 //! **capped**: the recording is dropped (once no copy can still play it
 //! back: see "Waiting for the rest of the body"), the copy that is reading
 //! still streams the rest of the body through (the attempt in flight completes),
-//! and [`try_replay`](ReplayableBody::try_replay) returns `None` from then
+//! and [`try_replay`](CloneableBody::try_replay) returns `None` from then
 //! on, so the request is not retried. A body that says up front (its
 //! `size_hint` lower bound) that it is larger than the cap is capped from the
 //! start and nothing is ever recorded. A body of exactly `max_bytes` bytes is
@@ -86,7 +86,7 @@
 //! # Retries
 //!
 //! A retry asks for its copy with
-//! [`try_replay_whole`](ReplayableBody::try_replay_whole), which answers
+//! [`try_replay_whole`](CloneableBody::try_replay_whole), which answers
 //! only if the copy is **known to be sent whole**: the real body has ended
 //! within the cap (everything is recorded), or no other copy is alive (the
 //! new copy will read the rest of the real body itself, and a copy that
@@ -102,7 +102,7 @@
 //! When the answer comes while the body is still streaming, the retry loop
 //! keeps that answer (undrained) and, while it waits, reads the rest of
 //! the body into the recording itself with
-//! [`poll_buffer`](ReplayBody::poll_buffer) on the body it kept: once the
+//! [`poll_buffer`](RecordingBody::poll_buffer) on the body it kept: once the
 //! answer is in, the transport may stop polling the attempt's copy (HTTP/2
 //! flow control, a connection the server stopped reading), so no one else
 //! is sure to. The copy still sending plays back what the buffering read,
@@ -151,14 +151,14 @@ use bytes::{Buf, Bytes};
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 
-use crate::body::ReplayableBody;
+use crate::body::CloneableBody;
 use crate::error::{BoxError, Error, ErrorKind};
 
 /// A request body that records what it streams so that it can be sent again.
 ///
-/// Create it with [`ReplayBody::new`] (64 KiB cap) or
-/// [`ReplayBody::with_max_bytes`], keep it, and send the copies that
-/// [`try_replay`](ReplayableBody::try_replay) returns: one per attempt, the
+/// Create it with [`RecordingBody::new`] (64 KiB cap) or
+/// [`RecordingBody::with_max_bytes`], keep it, and send the copies that
+/// [`try_replay`](CloneableBody::try_replay) returns: one per attempt, the
 /// first included. See the [module docs](self) for how it works.
 ///
 /// Polled itself, the kept body behaves like any copy: it is a copy too. So
@@ -166,8 +166,8 @@ use crate::error::{BoxError, Error, ErrorKind};
 /// body announced more than the cap), send the kept body itself, once.
 ///
 /// Wrap only streaming bodies: a body already in memory (`Full`, `Empty`,
-/// `String`) is a [`ReplayableBody`] by itself, with no cap and no lock.
-pub struct ReplayBody<B> {
+/// `String`) is a [`CloneableBody`] by itself, with no cap and no lock.
+pub struct RecordingBody<B> {
     shared: Arc<Mutex<Shared<B>>>,
     /// How many data chunks of the real body this copy has yielded.
     pos: usize,
@@ -180,6 +180,13 @@ pub struct ReplayBody<B> {
     /// Whether this copy has been polled.
     started: bool,
 }
+
+/// The old name of [`RecordingBody`].
+#[deprecated(
+    since = "0.1.0",
+    note = "renamed `RecordingBody`: it records a streamed body so it can be sent again"
+)]
+pub type ReplayBody<B> = RecordingBody<B>;
 
 struct Shared<B> {
     source: Source<B>,
@@ -211,7 +218,7 @@ enum Source<B> {
     Failed,
 }
 
-impl<B: Body> ReplayBody<B> {
+impl<B: Body> RecordingBody<B> {
     /// The default cap: 64 KiB.
     pub const DEFAULT_MAX_BYTES: usize = 64 * 1024;
 
@@ -232,7 +239,7 @@ impl<B: Body> ReplayBody<B> {
         } else {
             Source::Open(Box::pin(body))
         };
-        ReplayBody {
+        RecordingBody {
             shared: Arc::new(Mutex::new(Shared {
                 source,
                 chunks: Vec::new(),
@@ -254,9 +261,9 @@ impl<B: Body> ReplayBody<B> {
     }
 }
 
-impl<B> ReplayBody<B> {
+impl<B> RecordingBody<B> {
     /// Whether the body passed its cap (or failed): it will not be replayed
-    /// again, [`try_replay`](ReplayableBody::try_replay) returns `None`.
+    /// again, [`try_replay`](CloneableBody::try_replay) returns `None`.
     pub fn is_capped(&self) -> bool {
         let shared = lock(&self.shared);
         shared.capped || matches!(shared.source, Source::Failed)
@@ -268,7 +275,7 @@ impl<B> ReplayBody<B> {
     }
 }
 
-impl<B> ReplayBody<B>
+impl<B> RecordingBody<B>
 where
     B: Body,
     B::Error: Into<BoxError>,
@@ -355,7 +362,7 @@ fn lock<B>(shared: &Mutex<Shared<B>>) -> MutexGuard<'_, Shared<B>> {
 impl<B> Shared<B> {
     /// Count (and, within the cap, record) a chunk just read from the real
     /// body. `for_others`: the reader does not yield it itself (it is
-    /// [buffering](ReplayBody::poll_buffer)), so the chunk that passes the
+    /// [buffering](RecordingBody::poll_buffer)), so the chunk that passes the
     /// cap is still recorded, with the rest of the recording, for the copy
     /// that will send it; a reader that yields its chunk drops the
     /// recording at once.
@@ -426,7 +433,7 @@ fn body_error(err: impl Into<BoxError>) -> Error {
     }
 }
 
-impl<B> Body for ReplayBody<B>
+impl<B> Body for RecordingBody<B>
 where
     B: Body,
     B::Error: Into<BoxError>,
@@ -592,7 +599,7 @@ where
     }
 }
 
-impl<B> ReplayableBody for ReplayBody<B>
+impl<B> CloneableBody for RecordingBody<B>
 where
     B: Body,
     B::Error: Into<BoxError>,
@@ -640,15 +647,15 @@ where
         Some(self.copy())
     }
 
-    /// See [`ReplayBody::poll_buffer`].
+    /// See [`RecordingBody::poll_buffer`].
     fn poll_buffer(&mut self, cx: &mut Context<'_>) -> Poll<Option<usize>> {
-        ReplayBody::poll_buffer(self, cx)
+        RecordingBody::poll_buffer(self, cx)
     }
 }
 
-impl<B> ReplayBody<B> {
+impl<B> RecordingBody<B> {
     fn copy(&self) -> Self {
-        ReplayBody {
+        RecordingBody {
             shared: Arc::clone(&self.shared),
             pos: 0,
             sent: 0,
@@ -659,7 +666,7 @@ impl<B> ReplayBody<B> {
     }
 }
 
-impl<B> Drop for ReplayBody<B> {
+impl<B> Drop for RecordingBody<B> {
     fn drop(&mut self) {
         if self.registered {
             // This copy may be the one the real body would wake: hand the
@@ -672,11 +679,11 @@ impl<B> Drop for ReplayBody<B> {
     }
 }
 
-impl<B> fmt::Debug for ReplayBody<B> {
+impl<B> fmt::Debug for RecordingBody<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // Never the data: only where this copy and the recording stand.
         let shared = lock(&self.shared);
-        f.debug_struct("ReplayBody")
+        f.debug_struct("RecordingBody")
             .field("position", &self.pos)
             .field("sent_bytes", &self.sent)
             .field("read_bytes", &shared.read_bytes)

@@ -23,9 +23,9 @@ use http_body_util::{BodyExt, Full, StreamBody};
 use rebound_core::breaker::{CircuitBreakerConfig, CircuitBreakerLayer};
 use rebound_core::classify::{ClassifyLayer, HttpClassifier};
 use rebound_core::fallback::{FallbackLayer, Route, Served};
-use rebound_core::replay::ReplayBody;
+use rebound_core::replay::RecordingBody;
 use rebound_core::retry::{RetryBudget, RetryLayer, RetryPolicy};
-use rebound_core::{BoxError, CircuitState, Deadline, Error, ErrorKind, ReplayableBody, Sent};
+use rebound_core::{BoxError, CircuitState, CloneableBody, Deadline, Error, ErrorKind, Sent};
 use tokio::time::{sleep, Instant};
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 
@@ -235,7 +235,7 @@ async fn a_body_without_a_replayable_copy_never_falls_back() {
     // No retry layer below: its own "body not replayable" verdict would
     // hide the fallback's rule. A body larger than its replay cap (known
     // from its size) has no copy from the start.
-    let body = ReplayBody::with_max_bytes(prompt(), 2);
+    let body = RecordingBody::with_max_bytes(prompt(), 2);
     assert!(body.try_replay().is_none());
     let (seen, inner) = server(Fail::Status(503));
     let svc = ServiceBuilder::new()
@@ -257,7 +257,7 @@ async fn a_body_without_a_replayable_copy_never_falls_back() {
         .layer(FallbackLayer::new([Route::base_url(SECONDARY)]))
         .layer(ClassifyLayer::new(HttpClassifier::default()))
         .service(inner);
-    let out = svc.oneshot(post(ReplayBody::new(prompt()))).await;
+    let out = svc.oneshot(post(RecordingBody::new(prompt()))).await;
     assert_eq!(served(&out), Some(1));
     assert_eq!(
         seen.bodies_to("secondary.example"),
@@ -281,12 +281,12 @@ fn streamed() -> Streamed {
 /// copy can be made any more; return the caller's outcome.
 async fn send_past_the_cap<S>(svc: S, seen: &Seen) -> Result<Response<ResB>, Error>
 where
-    S: Service<Request<ReplayBody<Streamed>>, Response = Response<ResB>, Error = Error>,
+    S: Service<Request<RecordingBody<Streamed>>, Response = Response<ResB>, Error = Error>,
 {
     // The copy exists when the request is made (nothing read yet), but the
     // primary's attempt streams the body past its 4-byte cap: from then on
     // `try_replay` is `None`.
-    let body = ReplayBody::with_max_bytes(streamed(), 4);
+    let body = RecordingBody::with_max_bytes(streamed(), 4);
     let witness = body.try_replay().expect("nothing read yet");
     let out = svc.oneshot(post(body)).await;
     assert_eq!(

@@ -1,4 +1,4 @@
-//! `ReplayBody`: lazy recording, byte-identical replay, the cap, and copies
+//! `RecordingBody`: lazy recording, byte-identical replay, the cap, and copies
 //! that start early, stop early or run at the same time.
 
 use std::io;
@@ -9,8 +9,8 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Empty, Full};
-use rebound_core::body::ReplayableBody;
-use rebound_core::replay::ReplayBody;
+use rebound_core::body::CloneableBody;
+use rebound_core::replay::RecordingBody;
 use rebound_core::ErrorKind;
 use tokio::sync::mpsc;
 use tokio_test::task;
@@ -126,7 +126,7 @@ fn data_of<E: std::fmt::Debug>(p: Poll<Option<Result<Frame<Bytes>, E>>>) -> Byte
 #[tokio::test]
 async fn retry_before_first_attempt_polled_does_not_duplicate_first_chunk() {
     let (tx, inner) = channel();
-    let kept = ReplayBody::new(inner);
+    let kept = RecordingBody::new(inner);
 
     // Attempt 1 is created and polled before any data exists.
     let mut a = kept.try_replay().unwrap();
@@ -154,7 +154,7 @@ async fn retry_before_first_attempt_polled_does_not_duplicate_first_chunk() {
 #[tokio::test]
 async fn retry_before_first_attempt_ever_polled_does_not_duplicate_first_chunk() {
     let (tx, inner) = channel();
-    let kept = ReplayBody::new(inner);
+    let kept = RecordingBody::new(inner);
     let a = kept.try_replay().unwrap();
     let b = kept.try_replay().unwrap();
     drop(a);
@@ -168,7 +168,7 @@ async fn retry_while_first_chunk_is_buffered_but_the_rest_is_not() {
     // The retry starts after attempt 1 read one chunk: the new copy plays
     // that chunk back once, then reads the rest of the real body.
     let (tx, inner) = channel();
-    let kept = ReplayBody::new(inner);
+    let kept = RecordingBody::new(inner);
     let mut a = kept.try_replay().unwrap();
     let mut ta = task::spawn(());
     data(&tx, "one");
@@ -190,7 +190,7 @@ async fn retry_while_first_chunk_is_buffered_but_the_rest_is_not() {
 #[tokio::test]
 async fn copy_dropped_mid_stream_then_next_copy_gets_the_full_body() {
     let (tx, inner) = channel();
-    let kept = ReplayBody::new(inner);
+    let kept = RecordingBody::new(inner);
     let mut a = kept.try_replay().unwrap();
     let mut ta = task::spawn(());
     data(&tx, "alpha-");
@@ -215,7 +215,7 @@ async fn copy_dropped_mid_stream_then_next_copy_gets_the_full_body() {
 #[tokio::test]
 async fn body_ending_exactly_at_the_cap_is_replayable() {
     let (tx, inner) = channel();
-    let kept = ReplayBody::with_max_bytes(inner, 10);
+    let kept = RecordingBody::with_max_bytes(inner, 10);
     data(&tx, "0123");
     data(&tx, "456789");
     drop(tx);
@@ -231,7 +231,7 @@ async fn body_ending_exactly_at_the_cap_is_replayable() {
 #[tokio::test]
 async fn body_one_byte_over_the_cap_streams_once_and_is_not_replayable() {
     let (tx, inner) = channel();
-    let kept = ReplayBody::with_max_bytes(inner, 10);
+    let kept = RecordingBody::with_max_bytes(inner, 10);
     data(&tx, "0123");
     data(&tx, "4567890");
     data(&tx, "tail");
@@ -248,7 +248,7 @@ async fn body_one_byte_over_the_cap_streams_once_and_is_not_replayable() {
 #[tokio::test]
 async fn cap_is_checked_as_the_body_streams() {
     let (tx, inner) = channel();
-    let kept = ReplayBody::with_max_bytes(inner, 10);
+    let kept = RecordingBody::with_max_bytes(inner, 10);
     let mut a = kept.try_replay().unwrap();
     let mut ta = task::spawn(());
     data(&tx, "0123456789");
@@ -262,7 +262,7 @@ async fn cap_is_checked_as_the_body_streams() {
 #[tokio::test]
 async fn copy_behind_when_another_copy_passes_the_cap_fails_not_replayable() {
     let (tx, inner) = channel();
-    let kept = ReplayBody::with_max_bytes(inner, 8);
+    let kept = RecordingBody::with_max_bytes(inner, 8);
     let mut a = kept.try_replay().unwrap();
     let mut b = kept.try_replay().unwrap();
     let (mut ta, mut tb) = (task::spawn(()), task::spawn(()));
@@ -284,7 +284,7 @@ async fn copy_behind_when_another_copy_passes_the_cap_fails_not_replayable() {
 #[tokio::test]
 async fn body_declaring_more_than_the_cap_is_never_recorded() {
     let kept =
-        ReplayBody::with_max_bytes(Full::new(Bytes::from_static(b"twenty bytes of data")), 10);
+        RecordingBody::with_max_bytes(Full::new(Bytes::from_static(b"twenty bytes of data")), 10);
     assert!(kept.is_capped());
     assert!(kept.try_replay().is_none());
     // The kept body itself is sent once, whole.
@@ -306,7 +306,7 @@ async fn replayable_exactly_up_to_the_cap_for_many_sizes_and_chunkings() {
                     .unwrap();
             }
             drop(tx);
-            let kept = ReplayBody::with_max_bytes(inner, 10);
+            let kept = RecordingBody::with_max_bytes(inner, 10);
             let first = frames(kept.try_replay().unwrap()).await.unwrap();
             assert_eq!(first.chunks.concat(), payload, "chunk {chunk} len {len}");
             match kept.try_replay() {
@@ -328,7 +328,7 @@ async fn trailers_are_replayed() {
     data(&tx, "payload");
     tx.send(Ok(Frame::trailers(trailers()))).unwrap();
     drop(tx);
-    let kept = ReplayBody::new(inner);
+    let kept = RecordingBody::new(inner);
     let a = frames(kept.try_replay().unwrap()).await.unwrap();
     assert_eq!(a.trailers, Some(trailers()));
     for _ in 0..3 {
@@ -343,7 +343,7 @@ async fn trailers_only_body_is_replayed() {
     let (tx, inner) = channel();
     tx.send(Ok(Frame::trailers(trailers()))).unwrap();
     drop(tx);
-    let kept = ReplayBody::new(inner);
+    let kept = RecordingBody::new(inner);
     for _ in 0..2 {
         let got = frames(kept.try_replay().unwrap()).await.unwrap();
         assert!(got.chunks.is_empty());
@@ -353,7 +353,7 @@ async fn trailers_only_body_is_replayed() {
 
 #[tokio::test]
 async fn empty_body_is_replayable_and_ends_at_once() {
-    let kept = ReplayBody::new(Empty::<Bytes>::new());
+    let kept = RecordingBody::new(Empty::<Bytes>::new());
     for _ in 0..3 {
         let copy = kept.try_replay().unwrap();
         assert!(copy.is_end_stream());
@@ -365,7 +365,7 @@ async fn empty_body_is_replayable_and_ends_at_once() {
     // A streaming body that turns out to be empty.
     let (tx, inner) = channel();
     drop(tx);
-    let kept = ReplayBody::new(inner);
+    let kept = RecordingBody::new(inner);
     let a = kept.try_replay().unwrap();
     assert!(!a.is_end_stream(), "not known before it is polled");
     assert_eq!(frames(a).await.unwrap().chunks, Vec::<Bytes>::new());
@@ -383,7 +383,7 @@ async fn empty_body_is_replayable_and_ends_at_once() {
 #[tokio::test]
 async fn size_hint_and_end_of_stream_are_right_for_every_copy() {
     let (tx, inner) = channel_with_len(9);
-    let kept = ReplayBody::new(inner);
+    let kept = RecordingBody::new(inner);
     let mut a = kept.try_replay().unwrap();
     let mut ta = task::spawn(());
     assert_eq!(a.size_hint().exact(), Some(9));
@@ -417,7 +417,7 @@ async fn size_hint_and_end_of_stream_are_right_for_every_copy() {
 #[tokio::test]
 async fn unknown_length_stays_unknown_until_the_end() {
     let (tx, inner) = channel();
-    let kept = ReplayBody::new(inner);
+    let kept = RecordingBody::new(inner);
     let mut a = kept.try_replay().unwrap();
     let mut ta = task::spawn(());
     data(&tx, "xyz");
@@ -440,7 +440,7 @@ async fn unknown_length_stays_unknown_until_the_end() {
 #[tokio::test]
 async fn in_memory_body_is_replayed_without_copying() {
     let payload = Bytes::from(vec![7u8; 4096]);
-    let kept = ReplayBody::new(Full::new(payload.clone()));
+    let kept = RecordingBody::new(Full::new(payload.clone()));
     for _ in 0..3 {
         let copy = kept.try_replay().unwrap();
         assert_eq!(copy.size_hint().exact(), Some(4096));
@@ -456,7 +456,7 @@ async fn in_memory_body_is_replayed_without_copying() {
 #[tokio::test]
 async fn two_copies_alive_at_once_both_get_every_chunk_and_are_woken() {
     let (tx, inner) = channel();
-    let kept = ReplayBody::new(inner);
+    let kept = RecordingBody::new(inner);
     let mut a = kept.try_replay().unwrap();
     let mut b = kept.try_replay().unwrap();
     let (mut ta, mut tb) = (task::spawn(()), task::spawn(()));
@@ -484,7 +484,7 @@ async fn two_copies_alive_at_once_both_get_every_chunk_and_are_woken() {
 #[tokio::test]
 async fn a_failing_body_gives_a_body_error_and_is_not_replayed() {
     let (tx, inner) = channel();
-    let kept = ReplayBody::new(inner);
+    let kept = RecordingBody::new(inner);
     let mut b = kept.try_replay().unwrap();
     let mut a = kept.try_replay().unwrap();
     let (mut ta, mut tb) = (task::spawn(()), task::spawn(()));
@@ -511,7 +511,7 @@ async fn a_failing_body_gives_a_body_error_and_is_not_replayed() {
 
 #[tokio::test]
 async fn debug_shows_no_data() {
-    let kept = ReplayBody::new(Full::new(Bytes::from_static(b"secret-token")));
+    let kept = RecordingBody::new(Full::new(Bytes::from_static(b"secret-token")));
     let copy = kept.try_replay().unwrap();
     let _ = frames(copy).await.unwrap();
     let shown = format!("{kept:?}");
@@ -522,7 +522,7 @@ async fn debug_shows_no_data() {
 #[test]
 fn replay_body_is_send_and_sync() {
     fn check<T: Send + Sync + 'static>() {}
-    check::<ReplayBody<ChannelBody>>();
+    check::<RecordingBody<ChannelBody>>();
 }
 
 #[tokio::test]
@@ -534,7 +534,7 @@ async fn copies_announce_the_framing_of_the_real_body() {
     data(&tx, "abc");
     tx.send(Ok(Frame::trailers(trailers()))).unwrap();
     drop(tx);
-    let kept = ReplayBody::new(inner);
+    let kept = RecordingBody::new(inner);
     let first = frames(kept.try_replay().unwrap()).await.unwrap();
     let copy = kept.try_replay().unwrap();
     assert_eq!(copy.size_hint().exact(), None);
@@ -546,7 +546,7 @@ async fn copies_announce_the_framing_of_the_real_body() {
     let (tx, inner) = channel_with_len(3);
     data(&tx, "abc");
     drop(tx);
-    let kept = ReplayBody::new(inner);
+    let kept = RecordingBody::new(inner);
     let _ = frames(kept.try_replay().unwrap()).await.unwrap();
     assert_eq!(kept.try_replay().unwrap().size_hint().exact(), Some(3));
 }
@@ -556,7 +556,7 @@ async fn copies_announce_the_framing_of_the_real_body() {
 #[tokio::test]
 async fn no_whole_copy_while_another_copy_still_reads_a_body_of_unknown_length() {
     let (tx, inner) = channel();
-    let kept = ReplayBody::with_max_bytes(inner, 10);
+    let kept = RecordingBody::with_max_bytes(inner, 10);
     let mut a = kept.try_replay().unwrap();
     let mut ta = task::spawn(());
     data(&tx, "1234");
@@ -585,7 +585,7 @@ async fn no_whole_copy_while_another_copy_still_reads_a_body_of_unknown_length()
 async fn a_whole_copy_once_the_body_ended_or_when_no_other_copy_reads() {
     // Ended within the cap: everything is recorded.
     let (tx, inner) = channel();
-    let kept = ReplayBody::with_max_bytes(inner, 10);
+    let kept = RecordingBody::with_max_bytes(inner, 10);
     let a = kept.try_replay().unwrap();
     data(&tx, "1234");
     drop(tx);
@@ -596,7 +596,7 @@ async fn a_whole_copy_once_the_body_ended_or_when_no_other_copy_reads() {
     // Mid-stream, but the copy that read is gone: the new copy reads the
     // rest itself, and a reader streams on even past the cap.
     let (tx, inner) = channel();
-    let kept = ReplayBody::with_max_bytes(inner, 10);
+    let kept = RecordingBody::with_max_bytes(inner, 10);
     let mut a = kept.try_replay().unwrap();
     let mut ta = task::spawn(());
     data(&tx, "1234");
@@ -616,7 +616,7 @@ async fn a_whole_copy_once_the_body_ended_or_when_no_other_copy_reads() {
 #[tokio::test]
 async fn a_whole_copy_while_another_reads_when_the_rest_is_known_to_fit() {
     let (tx, inner) = channel_with_len(8);
-    let kept = ReplayBody::with_max_bytes(inner, 10);
+    let kept = RecordingBody::with_max_bytes(inner, 10);
     let mut a = kept.try_replay().unwrap();
     let mut ta = task::spawn(());
     data(&tx, "1234");
@@ -631,7 +631,7 @@ async fn a_whole_copy_while_another_reads_when_the_rest_is_known_to_fit() {
 
     // 10 read + 10 still announced = 20, under a cap of 30: fits too.
     let (tx, inner) = channel_with_len(20);
-    let kept = ReplayBody::with_max_bytes(inner, 30);
+    let kept = RecordingBody::with_max_bytes(inner, 30);
     let mut a = kept.try_replay().unwrap();
     let mut ta = task::spawn(());
     data(&tx, "1234567890");
@@ -689,7 +689,7 @@ async fn a_retry_waits_for_a_body_still_streaming_while_it_moves_then_decides() 
         let svc = {
             let calls = calls.clone();
             let retried_body = retried_body.clone();
-            service_fn(move |req: Request<ReplayBody<ChannelBody>>| {
+            service_fn(move |req: Request<RecordingBody<ChannelBody>>| {
                 let n = calls.fetch_add(1, Ordering::SeqCst);
                 let retried_body = retried_body.clone();
                 async move {
@@ -732,7 +732,7 @@ async fn a_retry_waits_for_a_body_still_streaming_while_it_moves_then_decides() 
         });
         let mut req = Request::post("http://api.example/v1/upload")
             .header("idempotency-key", "k-1")
-            .body(ReplayBody::with_max_bytes(inner, 10))
+            .body(RecordingBody::with_max_bytes(inner, 10))
             .unwrap();
         let start = tokio::time::Instant::now();
         if rest == Rest::PastTheDeadline {
@@ -784,7 +784,7 @@ async fn a_retry_waits_for_a_body_still_streaming_while_it_moves_then_decides() 
 #[tokio::test]
 async fn buffering_reads_ahead_of_the_copy_sending_and_makes_a_whole_copy() {
     let (tx, inner) = channel();
-    let mut kept = ReplayBody::with_max_bytes(inner, 16);
+    let mut kept = RecordingBody::with_max_bytes(inner, 16);
     let mut sending = kept.try_replay().unwrap();
     let mut t = task::spawn(());
     let mut filler = task::spawn(());
@@ -822,7 +822,7 @@ async fn buffering_reads_ahead_of_the_copy_sending_and_makes_a_whole_copy() {
 #[tokio::test]
 async fn buffering_past_the_cap_stops_and_the_copy_sending_still_sends_it_all() {
     let (tx, inner) = channel();
-    let mut kept = ReplayBody::with_max_bytes(inner, 6);
+    let mut kept = RecordingBody::with_max_bytes(inner, 6);
     let mut sending = kept.try_replay().unwrap();
     let mut t = task::spawn(());
     let mut filler = task::spawn(());
@@ -857,7 +857,7 @@ async fn buffering_past_the_cap_stops_and_the_copy_sending_still_sends_it_all() 
 #[tokio::test]
 async fn a_kept_body_dropped_while_buffering_hands_the_wake_up_to_the_copy_sending() {
     let (tx, inner) = channel();
-    let mut kept = ReplayBody::with_max_bytes(inner, 16);
+    let mut kept = RecordingBody::with_max_bytes(inner, 16);
     let mut sending = kept.try_replay().unwrap();
     let mut t = task::spawn(());
     let mut filler = task::spawn(());

@@ -15,7 +15,7 @@ use http_body::{Body, Frame};
 use http_body_util::{BodyExt, Full};
 use rand::{Rng, SeedableRng};
 use rebound_core::backoff::BackoffService;
-use rebound_core::body::ReplayableBody;
+use rebound_core::body::CloneableBody;
 use rebound_core::classify::Classify;
 use rebound_core::retry_after::RetryAfter;
 use rebound_core::{
@@ -361,7 +361,7 @@ impl Body for OnceBody {
     }
 }
 
-impl ReplayableBody for OnceBody {
+impl CloneableBody for OnceBody {
     fn try_replay(&self) -> Option<Self> {
         None
     }
@@ -404,7 +404,7 @@ impl Body for OneCopy {
     }
 }
 
-impl ReplayableBody for OneCopy {
+impl CloneableBody for OneCopy {
     fn try_replay(&self) -> Option<Self> {
         // The original may be copied once; copies cannot be.
         self.1.then(|| OneCopy(self.0.clone(), false))

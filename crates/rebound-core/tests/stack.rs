@@ -22,7 +22,7 @@ use rebound_core::collect::{CollectBodyLayer, CollectedBody};
 use rebound_core::gate::RetryAfterGateLayer;
 use rebound_core::idempotency::IdempotencyKeyLayer;
 use rebound_core::limit::{AdaptiveLimitLayer, Aimd, ConcurrencyLimitLayer, LimitBody};
-use rebound_core::replay::ReplayBody;
+use rebound_core::replay::RecordingBody;
 use rebound_core::retry::{RetryLayer, RetryPolicy};
 use rebound_core::retry_after::RetryAfterLayer;
 use rebound_core::trace::{TraceBody, TraceLayer};
@@ -99,7 +99,7 @@ fn backoff() -> Backoff {
 /// Every request in these tests has this body: a streamed body made
 /// replayable (an empty one for the GETs), so the whole stack is
 /// instantiated once.
-type ReqBody = ReplayBody<Chunks>;
+type ReqBody = RecordingBody<Chunks>;
 
 fn stack(
     p: &Parts,
@@ -148,12 +148,12 @@ where
 
 fn get(uri: &str) -> Request<ReqBody> {
     Request::get(uri)
-        .body(ReplayBody::new(Chunks(VecDeque::new())))
+        .body(RecordingBody::new(Chunks(VecDeque::new())))
         .unwrap()
 }
 
 fn in_memory(bytes: &'static [u8]) -> ReqBody {
-    ReplayBody::new(Chunks(VecDeque::from([Bytes::from_static(bytes)])))
+    RecordingBody::new(Chunks(VecDeque::from([Bytes::from_static(bytes)])))
 }
 
 fn alive_tasks() -> usize {
@@ -433,7 +433,7 @@ async fn streamed_post_under_the_cap_is_replayed_byte_identical() {
     let mut svc = stack(&parts, &mock);
     let (body, all) = Chunks::new(10 * 1024, 1000);
     let req = Request::post("http://api.example/upload")
-        .body(ReplayBody::new(body))
+        .body(RecordingBody::new(body))
         .unwrap();
     let fut = svc.ready().await.unwrap().call(req);
     assert_send(&fut);
@@ -466,9 +466,9 @@ async fn streamed_post_over_the_cap_is_sent_once() {
         .otherwise(Reply::code(200));
     let mut svc = stack(&parts, &mock);
     let budget = parts.retry.policy().get_budget().clone();
-    let (body, all) = Chunks::new(ReplayBody::<Chunks>::DEFAULT_MAX_BYTES + 1, 4096);
+    let (body, all) = Chunks::new(RecordingBody::<Chunks>::DEFAULT_MAX_BYTES + 1, 4096);
     let req = Request::post("http://api.example/upload")
-        .body(ReplayBody::new(body))
+        .body(RecordingBody::new(body))
         .unwrap();
     let before = budget.remaining();
     let res = svc.ready().await.unwrap().call(req).await.unwrap();

@@ -2,7 +2,7 @@
 //!
 //! ```
 //! use bytes::Bytes;
-//! use rebound_core::body::ReplayableBody;
+//! use rebound_core::body::CloneableBody;
 //! use rebound_hyper::Body;
 //!
 //! // In-memory bodies replay for free (a reference count, not a copy).
@@ -21,7 +21,7 @@
 //! # Streamed bodies
 //!
 //! A streamed body is recorded while the first attempt sends it, by a
-//! [`ReplayBody`], and played back byte for byte (data and trailers) to the
+//! [`RecordingBody`], and played back byte for byte (data and trailers) to the
 //! next attempts, as long as it stays within its cap. Past the cap the
 //! recording is dropped, the attempt in flight still sends the whole body,
 //! and the retry layer stops with
@@ -31,7 +31,7 @@
 //! A server that answers before it read the whole body (a `503` after the
 //! first KiB of an upload) leaves the rest of the stream unsent; the retry
 //! layer reads it into the recording itself while it waits to retry
-//! ([`ReplayableBody::poll_buffer`]), within the cap and the deadline, and
+//! ([`CloneableBody::poll_buffer`]), within the cap and the deadline, and
 //! retries with the whole body once the stream ended (see "Waiting for the
 //! rest of the body" in [`rebound_core::replay`]). The cap is chosen when the body
 //! is armed: by [`Body::replay_cap`], or by the ready-made client
@@ -47,14 +47,14 @@ use futures_util::{Stream, TryStreamExt};
 use http_body::{Frame, SizeHint};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Empty, Full, StreamBody};
-use rebound_core::body::ReplayableBody;
-use rebound_core::replay::ReplayBody;
+use rebound_core::body::CloneableBody;
+use rebound_core::replay::RecordingBody;
 use rebound_core::BoxError;
 
 /// A request body: empty, bytes already in memory, or a stream.
 ///
 /// Empty and in-memory bodies can be sent again by the retry layer
-/// ([`ReplayableBody::try_replay`] is a reference-count increment and always
+/// ([`CloneableBody::try_replay`] is a reference-count increment and always
 /// starts from the first byte). A streamed body can be sent again once it is
 /// armed with a buffer cap ([`replay_cap`](Body::replay_cap); the ready-made
 /// client arms every streamed body it sends) and as long as it has not
@@ -74,7 +74,7 @@ enum Kind {
     /// A stream not armed yet: sent once unless armed.
     Stream(UnsyncBoxBody<Bytes, BoxError>),
     /// A stream recorded for replay, up to its cap.
-    Replay(ReplayBody<UnsyncBoxBody<Bytes, BoxError>>),
+    Replay(RecordingBody<UnsyncBoxBody<Bytes, BoxError>>),
 }
 
 impl Body {
@@ -126,7 +126,7 @@ impl Body {
     pub fn replay_cap(self, max_bytes: usize) -> Self {
         match self.kind {
             Kind::Stream(body) => Body {
-                kind: Kind::Replay(ReplayBody::with_max_bytes(body, max_bytes)),
+                kind: Kind::Replay(RecordingBody::with_max_bytes(body, max_bytes)),
             },
             kind => Body { kind },
         }
@@ -221,7 +221,7 @@ impl http_body::Body for Body {
     }
 }
 
-impl ReplayableBody for Body {
+impl CloneableBody for Body {
     fn try_replay(&self) -> Option<Self> {
         match &self.kind {
             Kind::Empty => Some(Body::empty()),

@@ -12,19 +12,49 @@ use rebound_core::collect::CollectedBody;
 use rebound_core::grpc::GrpcClassifier;
 use rebound_core::{Error, Verdict};
 
-use crate::ResponseBody;
+use crate::TransportBody;
 
-/// A classifier the client can use on every body its attempts see:
-/// hyper's `Incoming` (the client's own path), `ResponseBody<Incoming>` (a
-/// client with a hedge, a fallback or a reconcile check) and the JSON
-/// helpers' `CollectedBody`. Implemented by every type that is a
-/// [`Classifier`] of all three and `Send + Sync + 'static` —
-/// [`HttpClassifier`], [`GrpcClassifier`], and closures
-/// `Fn(&Result<Response<B>, Error>) -> Verdict` generic enough to take any
-/// body (e.g. ones that only look at the status and headers).
+/// The bound [`ClientBuilder::classifier`](crate::ClientBuilder::classifier)
+/// states: a [`Classifier`] of every body the client's attempts see —
+/// hyper's `Incoming` (the client's own path), `TransportBody<Incoming>` (a
+/// client with a hedge) and the JSON helpers' `CollectedBody` — that is
+/// `Send + Sync + 'static`.
+///
+/// **There is one trait to implement, [`Classifier`]**: this one is
+/// implemented for you, for every type that is a `Classifier<B>` for any `B`
+/// ([`HttpClassifier`], [`GrpcClassifier`], and yours, written
+/// `impl<B> Classifier<B> for Mine`). It cannot be implemented by hand.
+/// A closure is a classifier of one body type only, so for the client write
+/// a type:
+///
+/// ```
+/// use http::{Response, StatusCode};
+/// use rebound_core::classify::{Classifier, HttpClassifier};
+/// use rebound_core::{Error, Verdict};
+/// use rebound_hyper::Client;
+///
+/// /// The default table, and a response marked `x-queue-full` is
+/// /// retryable like a 503, whatever its status.
+/// #[derive(Clone, Copy, Default)]
+/// struct QueueFull(HttpClassifier);
+///
+/// impl<B> Classifier<B> for QueueFull {
+///     fn classify(&self, outcome: &Result<Response<B>, Error>) -> Verdict {
+///         match outcome {
+///             Ok(resp) if resp.headers().contains_key("x-queue-full") => {
+///                 self.0.classify_status(StatusCode::SERVICE_UNAVAILABLE)
+///             }
+///             other => self.0.classify(other),
+///         }
+///     }
+/// }
+///
+/// let client = Client::builder().classifier(QueueFull::default()).build();
+/// # let _ = client;
+/// ```
 pub trait ClientClassifier:
     Classifier<Incoming>
-    + Classifier<ResponseBody<Incoming>>
+    + Classifier<TransportBody<Incoming>>
     + Classifier<CollectedBody>
     + Send
     + Sync
@@ -34,7 +64,7 @@ pub trait ClientClassifier:
 
 impl<T> ClientClassifier for T where
     T: Classifier<Incoming>
-        + Classifier<ResponseBody<Incoming>>
+        + Classifier<TransportBody<Incoming>>
         + Classifier<CollectedBody>
         + Send
         + Sync
@@ -75,13 +105,13 @@ impl fmt::Debug for AnyClassifier {
     }
 }
 
-impl Classifier<ResponseBody<Incoming>> for AnyClassifier {
-    fn classify(&self, outcome: &Result<Response<ResponseBody<Incoming>>, Error>) -> Verdict {
+impl Classifier<TransportBody<Incoming>> for AnyClassifier {
+    fn classify(&self, outcome: &Result<Response<TransportBody<Incoming>>, Error>) -> Verdict {
         match self {
             AnyClassifier::Http(c) => c.classify(outcome),
             AnyClassifier::Grpc(c) => c.classify(outcome),
             AnyClassifier::Other(c) => {
-                Classifier::<ResponseBody<Incoming>>::classify(c.as_ref(), outcome)
+                Classifier::<TransportBody<Incoming>>::classify(c.as_ref(), outcome)
             }
         }
     }

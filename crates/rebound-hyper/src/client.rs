@@ -224,7 +224,7 @@ use tower_service::Service;
 use crate::body::Body;
 use crate::connect::Connector;
 use crate::connect::TlsRoots;
-use crate::response_body::{MinBodyRate, ResponseBody};
+use crate::response_body::{MinBodyRate, TransportBody};
 use crate::transport::{HeadTransport, HyperTransport, TransportBuilder};
 use hyper_util::client::legacy::connect::Connect;
 
@@ -286,7 +286,7 @@ enum ClientBodyInner {
 
 /// The layered stack's response body.
 pub(crate) type LayeredBody =
-    TraceBody<GrpcTrailersBody<DeadlineBody<LimitBody<ResponseBody<Incoming>>>>>;
+    TraceBody<GrpcTrailersBody<DeadlineBody<LimitBody<TransportBody<Incoming>>>>>;
 
 impl ClientBody {
     fn stack(body: StackBody<Incoming>) -> Self {
@@ -309,7 +309,7 @@ impl ClientBody {
 
     /// The transport's body inside (for a reconcile check's response, which
     /// the request being reconciled wraps again).
-    fn into_transport(self) -> ResponseBody<Incoming> {
+    fn into_transport(self) -> TransportBody<Incoming> {
         match self.inner {
             // Only the JSON helpers read a body inside the attempt, and
             // they never hand a response out.
@@ -318,7 +318,7 @@ impl ClientBody {
                 let (body, open) = b
                     .into_stream()
                     .unwrap_or_else(|| unreachable!("a streamed response"));
-                ResponseBody::new(body, timeouts).tracked(open)
+                TransportBody::new(body, timeouts).tracked(open)
             }
             ClientBodyInner::Layered(b) => b.into_inner().into_inner().into_inner().into_inner(),
             ClientBodyInner::LayeredCollected(_) => unreachable!("a streamed response"),
@@ -381,7 +381,7 @@ type Stack = SharedStack<Response<ClientBody>>;
 /// The per-attempt part, below the retry loop, erased likewise, but shared
 /// (see [`SharedStack`]): the retry layer clones its inner service for every
 /// request, and a `BoxCloneSyncService` allocates on every clone.
-type AttemptStack = SharedStack<Response<ResponseBody<Incoming>>>;
+type AttemptStack = SharedStack<Response<TransportBody<Incoming>>>;
 
 /// The future of one call through a [`SharedStack`].
 type SharedFuture<R> = Pin<Box<dyn Future<Output = Result<R, Error>> + Send>>;
@@ -670,7 +670,7 @@ impl SharedCheck<Response<CheckBody>> {
     /// unwrapped to the transport's. The check's own permit, deadline and
     /// trace wrappers go; the request being reconciled puts its own around
     /// it on the way up (its permit, its deadline, its span).
-    fn streaming(&self) -> SharedCheck<Response<ResponseBody<Incoming>>> {
+    fn streaming(&self) -> SharedCheck<Response<TransportBody<Incoming>>> {
         let inner = self.clone();
         SharedCheck {
             call: Arc::new(move |inquiry| {
@@ -973,7 +973,8 @@ impl ClientBuilder {
         self
     }
 
-    /// Which outcomes are retryable: any [`ClientClassifier`], e.g.
+    /// Which outcomes are retryable: any [`Classifier`](rebound_core::classify::Classifier)
+    /// of every body (see [`ClientClassifier`] for how to write one), e.g.
     /// [`GrpcClassifier`](rebound_core::grpc::GrpcClassifier) for gRPC.
     /// Default: [`HttpClassifier::default`] (408, 429, 500, 502, 503, 504
     /// and transient errors). The two built-in classifiers are kept by
@@ -2182,7 +2183,7 @@ mod sizes {
     type StackFuture = rebound_core::stack::future::ResponseFuture<
         HyperTransport<hyper_util::client::legacy::connect::HttpConnector>,
         Body,
-        ResponseBody<Incoming>,
+        TransportBody<Incoming>,
         AnyClassifier,
     >;
 

@@ -7,7 +7,7 @@
 //!   [`rebound_core::Error`]s.
 //! * [`connect::Connector`]: the connect and TLS stages, each with its own
 //!   timeout and error stage.
-//! * [`ResponseBody`]: response bodies with idle and minimum-rate timeouts.
+//! * [`TransportBody`]: response bodies with idle and minimum-rate timeouts.
 //! * [`Body`]: the request body (empty, in memory — replayable — or
 //!   streamed).
 //! * [`Client`]: the ready-made stack over the transport, with a request
@@ -59,5 +59,7 @@ pub use crate::client::{Client, ClientBody, ClientBuilder, SendFuture};
 pub use crate::connect::{Connector, TlsRoots};
 pub use crate::json::{JsonError, JsonErrorCategory, UnexpectedStatus};
 pub use crate::request::RequestBuilder;
-pub use crate::response_body::{BodyTimeouts, MinBodyRate, ResponseBody};
+#[allow(deprecated)]
+pub use crate::response_body::ResponseBody;
+pub use crate::response_body::{BodyTimeouts, MinBodyRate, TransportBody};
 pub use crate::transport::{HyperTransport, TransportBuilder};

@@ -8,7 +8,7 @@
 //! use bytes::Bytes;
 //! use http_body_util::BodyExt;
 //! use rebound_core::TimeoutStage;
-//! use rebound_hyper::{BodyTimeouts, ResponseBody};
+//! use rebound_hyper::{BodyTimeouts, TransportBody};
 //!
 //! // A body that sends one chunk and then stalls.
 //! let stalled = http_body_util::StreamBody::new(futures_util::stream::unfold(0, |n| async move {
@@ -18,7 +18,7 @@
 //!     Some((Ok::<_, std::io::Error>(http_body::Frame::data(Bytes::from("head"))), n + 1))
 //! }));
 //! let timeouts = BodyTimeouts::new().idle(Duration::from_secs(5));
-//! let mut body = Box::pin(ResponseBody::new(stalled, timeouts));
+//! let mut body = Box::pin(TransportBody::new(stalled, timeouts));
 //! assert!(body.frame().await.unwrap().is_ok());
 //! let err = body.frame().await.unwrap().unwrap_err();
 //! assert_eq!(err.timeout_stage(), Some(TimeoutStage::BodyIdle));
@@ -26,7 +26,7 @@
 //! # }
 //! ```
 //!
-//! [`ResponseBody`] wraps the body of a response (hyper's `Incoming` in the
+//! [`TransportBody`] wraps the body of a response (hyper's `Incoming` in the
 //! transport) with two optional timeouts, both measured **only while the
 //! caller is waiting for the body** (a caller that is busy elsewhere between
 //! two reads never trips them):
@@ -75,7 +75,7 @@ pin_project! {
     ///
     /// With no timeouts configured it is a plain pass-through (no timer is
     /// ever created, no clock read).
-    pub struct ResponseBody<B = hyper::body::Incoming> {
+    pub struct TransportBody<B = hyper::body::Incoming> {
         #[pin]
         inner: B,
         timer: BodyTimer,
@@ -85,10 +85,17 @@ pin_project! {
     }
 }
 
-impl<B> ResponseBody<B> {
+/// The old name of [`TransportBody`].
+#[deprecated(
+    since = "0.1.0",
+    note = "renamed `TransportBody`: the transport's response body (the ready-made client's is `ClientBody`)"
+)]
+pub type ResponseBody<B = hyper::body::Incoming> = TransportBody<B>;
+
+impl<B> TransportBody<B> {
     /// Wrap `body` with `timeouts`.
     pub fn new(body: B, timeouts: BodyTimeouts) -> Self {
-        ResponseBody {
+        TransportBody {
             inner: body,
             timer: BodyTimer::new(timeouts),
             request: None,
@@ -117,10 +124,10 @@ impl<B> ResponseBody<B> {
     }
 }
 
-impl<B> fmt::Debug for ResponseBody<B> {
+impl<B> fmt::Debug for TransportBody<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let t = self.timer.timeouts();
-        f.debug_struct("ResponseBody")
+        f.debug_struct("TransportBody")
             .field("idle", &t.idle_timeout())
             .field("min_rate", &t.min_body_rate())
             .field("request", &self.request)
@@ -159,7 +166,7 @@ fn body_timeout(stage: TimeoutStage, request: &Option<RequestName>) -> Error {
     err
 }
 
-impl<B> Body for ResponseBody<B>
+impl<B> Body for TransportBody<B>
 where
     B: Body,
     B::Error: Into<BoxError>,
@@ -283,7 +290,7 @@ mod tests {
         Duration::from_millis(n)
     }
 
-    async fn read_all<B>(body: ResponseBody<B>) -> Result<usize, Error>
+    async fn read_all<B>(body: TransportBody<B>) -> Result<usize, Error>
     where
         B: Body + Send + 'static,
         B::Error: Into<BoxError>,
@@ -336,7 +343,7 @@ mod tests {
         let chunks = vec![(10, ms(0)), (10, ms(900)), (10, ms(900))];
         let t = BodyTimeouts::new().try_idle(ms(1000)).unwrap();
         assert_eq!(
-            read_all(ResponseBody::new(scripted(chunks, false, false), t))
+            read_all(TransportBody::new(scripted(chunks, false, false), t))
                 .await
                 .unwrap(),
             30
@@ -344,7 +351,7 @@ mod tests {
 
         let start = Instant::now();
         let chunks = vec![(10, ms(0)), (10, ms(900))];
-        let err = read_all(ResponseBody::new(scripted(chunks, false, true), t))
+        let err = read_all(TransportBody::new(scripted(chunks, false, true), t))
             .await
             .unwrap_err();
         assert_eq!(err.timeout_stage(), Some(TimeoutStage::BodyIdle));
@@ -356,7 +363,7 @@ mod tests {
     async fn idle_does_not_count_time_the_caller_is_busy() {
         let chunks = vec![(10, ms(0)), (10, ms(0))];
         let t = BodyTimeouts::new().try_idle(ms(100)).unwrap();
-        let mut body = Box::pin(ResponseBody::new(scripted(chunks, false, false), t));
+        let mut body = Box::pin(TransportBody::new(scripted(chunks, false, false), t));
         body.frame().await.unwrap().unwrap();
         tokio::time::sleep(ms(5000)).await; // caller busy
         body.frame().await.unwrap().unwrap();
@@ -368,7 +375,7 @@ mod tests {
         // 10 bytes every 100 ms = 100 B/s, minimum 1000 B/s.
         let chunks = vec![(10, ms(100)); 100];
         let start = Instant::now();
-        let err = read_all(ResponseBody::new(
+        let err = read_all(TransportBody::new(
             scripted(chunks, false, false),
             rate(1000, 1000, 500),
         ))
@@ -383,7 +390,7 @@ mod tests {
     async fn fast_enough_bodies_pass() {
         // 200 bytes every 100 ms = 2000 B/s over 5 s, minimum 1000 B/s.
         let chunks = vec![(200, ms(100)); 50];
-        let n = read_all(ResponseBody::new(
+        let n = read_all(TransportBody::new(
             scripted(chunks, false, false),
             rate(1000, 1000, 0),
         ))
@@ -399,7 +406,7 @@ mod tests {
         // 1000 B/s overall, yet nothing is left to deliver, so no rate error
         // (the idle timeout is the tool for a missing end).
         let chunks = vec![(10, ms(0)), (10, ms(400)), (10, ms(400))];
-        let mut body = Box::pin(ResponseBody::new(
+        let mut body = Box::pin(TransportBody::new(
             scripted(chunks, true, true),
             rate(1000, 1000, 0),
         ));
@@ -412,7 +419,7 @@ mod tests {
         // The same body still missing its last bytes after a full window is
         // judged: it must deliver what it still owes within the window.
         let chunks = vec![(10, ms(0)), (10, ms(400))];
-        let mut body = Box::pin(ResponseBody::new(
+        let mut body = Box::pin(TransportBody::new(
             Scripted {
                 left: Some(30),
                 ..scripted(chunks, false, true)
@@ -435,7 +442,7 @@ mod tests {
         // All data is ready; the caller reads 1 byte-chunk every 2 s (slow
         // consumer). The body is never the bottleneck: no error.
         let chunks = vec![(1, ms(0)); 5];
-        let mut body = Box::pin(ResponseBody::new(
+        let mut body = Box::pin(TransportBody::new(
             scripted(chunks, false, false),
             rate(1000, 1000, 0),
         ));
@@ -453,7 +460,7 @@ mod tests {
                 Ok(Frame::data(Bytes::from("a"))),
                 Err(std::io::Error::from(std::io::ErrorKind::ConnectionReset)),
             ]);
-            let err = read_all(ResponseBody::new(StreamBody::new(s), t))
+            let err = read_all(TransportBody::new(StreamBody::new(s), t))
                 .await
                 .unwrap_err();
             assert!(matches!(err.kind(), ErrorKind::Body));

@@ -32,7 +32,7 @@
 //!   timeouts), rustls on `ring`, HTTP/1.1 and HTTP/2 by ALPN, hyper-util's
 //!   connection pool.
 //! * Response: returned as soon as its head arrives, with the body wrapped in
-//!   a [`ResponseBody`] (idle and minimum-rate timeouts). The ready-made
+//!   a [`TransportBody`] (idle and minimum-rate timeouts). The ready-made
 //!   [`Client`](crate::Client) takes hyper's body bare instead: its stack's
 //!   one body wrapper applies the same timeouts (and counts the body for a
 //!   shutdown).
@@ -161,7 +161,7 @@ use tower_service::Service;
 use crate::body::Body;
 use crate::connect::{self, Connector, TlsRoots};
 use crate::error::{from_client, RequestName};
-use crate::response_body::{validate, BodyTimeouts, MinBodyRate, ResponseBody};
+use crate::response_body::{validate, BodyTimeouts, MinBodyRate, TransportBody};
 
 /// Default [`TransportBuilder::pool_idle_timeout`]: 90 s.
 pub const DEFAULT_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
@@ -557,7 +557,7 @@ where
     Connector<C>: Connect + Clone + Send + Sync + 'static,
     B: Into<Body>,
 {
-    type Response = Response<ResponseBody<Incoming>>;
+    type Response = Response<TransportBody<Incoming>>;
     type Error = Error;
     type Future = ResponseFuture;
 
@@ -634,7 +634,7 @@ where
 /// A [`HyperTransport`] that returns hyper's bare body, for a stack whose
 /// own body wrapper applies the body timeouts and counts the body for the
 /// shutdown (the client's [`StackLayer`](rebound_core::stack::StackLayer)
-/// path): no [`ResponseBody`], no shutdown guard, and errors left for the
+/// path): no [`TransportBody`], no shutdown guard, and errors left for the
 /// stack to name (it names every error with its request), so an attempt
 /// copies no request name.
 pub(crate) struct HeadTransport<C> {
@@ -906,7 +906,7 @@ impl fmt::Debug for ResponseFuture {
 }
 
 impl Future for ResponseFuture {
-    type Output = Result<Response<ResponseBody<Incoming>>, Error>;
+    type Output = Result<Response<TransportBody<Incoming>>, Error>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
@@ -930,7 +930,7 @@ impl Future for ResponseFuture {
                     } else {
                         shutdown.as_ref().map(ShutdownHandle::open_body)
                     };
-                    ResponseBody::new(b, timeouts).named(request).tracked(open)
+                    TransportBody::new(b, timeouts).named(request).tracked(open)
                 }))
             }
             (Err(e), Some(request)) => Err(request.name(e)),

@@ -15,7 +15,7 @@ use tower_service::Service;
 
 use super::latency::Latency;
 use crate::annotations::{Hedged, RetryAfterHint, Sent, Verdict};
-use crate::body::ReplayableBody;
+use crate::body::CloneableBody;
 use crate::error::{BoxError, Error};
 use crate::retry::RetryBudget;
 
@@ -146,7 +146,7 @@ fn acceptable<R>(outcome: &Result<Response<R>, Error>) -> bool {
 impl<S, B, ResB> Hedging<S, B, ResB>
 where
     S: Service<Request<B>, Response = Response<ResB>>,
-    B: ReplayableBody,
+    B: CloneableBody,
 {
     fn may_send(&self) -> bool {
         !self.stopped && self.sent < self.max && self.deadline.is_none_or(|d| Instant::now() < d)
@@ -290,7 +290,7 @@ impl<S, B, ResB> Future for ResponseFuture<S, B, ResB>
 where
     S: Service<Request<B>, Response = Response<ResB>>,
     S::Error: Into<BoxError>,
-    B: ReplayableBody,
+    B: CloneableBody,
 {
     type Output = Result<Response<ResB>, Error>;
 

@@ -87,7 +87,7 @@
 //! declared hedgeable
 //! ([`hedgeable_paths`](HedgePolicy::hedgeable_paths): gRPC methods, which
 //! are all POSTs). A request body is copied as for a retry
-//! ([`ReplayableBody::try_replay`] up front, [`try_replay_whole`] for each
+//! ([`CloneableBody::try_replay`] up front, [`try_replay_whole`] for each
 //! hedge): no whole copy, no hedge.
 //!
 //! Every hedge spends a token of the [`RetryBudget`] (share the retry
@@ -152,7 +152,7 @@
 //!
 //! [`IdempotencyKey`]: crate::IdempotencyKey
 //! [`Deadline`]: crate::Deadline
-//! [`try_replay_whole`]: ReplayableBody::try_replay_whole
+//! [`try_replay_whole`]: CloneableBody::try_replay_whole
 
 pub mod future;
 mod latency;
@@ -170,7 +170,7 @@ use tower_service::Service;
 
 use self::latency::Latency;
 use crate::annotations::{AttemptNumber, Deadline, IdempotencyKey, Idempotent};
-use crate::body::ReplayableBody;
+use crate::body::CloneableBody;
 use crate::error::{BoxError, Error};
 use crate::retry::RetryBudget;
 
@@ -630,7 +630,7 @@ impl<S, B, ResB> Service<Request<B>> for Hedge<S>
 where
     S: Service<Request<B>, Response = Response<ResB>> + Clone,
     S::Error: Into<BoxError>,
-    B: ReplayableBody,
+    B: CloneableBody,
 {
     type Response = Response<ResB>;
     type Error = Error;

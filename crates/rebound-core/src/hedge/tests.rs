@@ -13,7 +13,7 @@ use tower::{Service, ServiceBuilder, ServiceExt};
 
 use super::{HedgeLayer, HedgePolicy};
 use crate::annotations::{AttemptNumber, Attempts, Deadline, Hedged, RetryStop};
-use crate::body::ReplayableBody;
+use crate::body::CloneableBody;
 use crate::classify::{ClassifyLayer, HttpClassifier};
 use crate::error::BoxError;
 use crate::retry::{RetryBudget, RetryLayer, RetryPolicy};
@@ -361,7 +361,7 @@ impl http_body::Body for Once {
     }
 }
 
-impl ReplayableBody for Once {
+impl CloneableBody for Once {
     fn try_replay(&self) -> Option<Self> {
         None
     }

@@ -86,8 +86,8 @@
 //! the delay waited), [`BudgetLeft`](crate::BudgetLeft) and the failed
 //! attempt's [`LimiterState`](crate::LimiterState) if it had one; the trace
 //! layer's INFO `retrying` event is made from them. The body of each attempt is a fresh
-//! copy ([`ReplayableBody::try_replay`](crate::body::ReplayableBody::try_replay) for the first,
-//! [`ReplayableBody::try_replay_whole`](crate::body::ReplayableBody::try_replay_whole)
+//! copy ([`CloneableBody::try_replay`](crate::body::CloneableBody::try_replay) for the first,
+//! [`CloneableBody::try_replay_whole`](crate::body::CloneableBody::try_replay_whole)
 //! for every retry; see [`crate::body::RetryBody`]); a body that cannot
 //! be replayed is sent once and not retried
 //! ([`RetryStop::NotReplayable`](crate::RetryStop::NotReplayable), verdict
@@ -97,7 +97,7 @@
 //! being sent (and could still pass its replay cap), the loop keeps that
 //! response (not draining it) and reads the rest of the body into the
 //! replay buffer itself
-//! ([`ReplayableBody::poll_buffer`](crate::body::ReplayableBody::poll_buffer))
+//! ([`CloneableBody::poll_buffer`](crate::body::CloneableBody::poll_buffer))
 //! while it waits: the body ends within its cap, and the retry goes ahead
 //! once the delay is over; or it passes the cap, or is still coming after
 //! the delay and has not moved for a second (or the deadline comes), and

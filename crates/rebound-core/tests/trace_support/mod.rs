@@ -22,7 +22,7 @@ use rebound_core::annotations::{
     AttemptNumber, Attempts, DelaySource, PreviousAttempt, ProposedDelay, Reason, RetryStop, Sent,
     Verdict,
 };
-use rebound_core::body::ReplayableBody;
+use rebound_core::body::CloneableBody;
 use rebound_core::trace::{BudgetLeft, GateWait, LimiterState};
 use rebound_core::{Error, ErrorKind, TimeoutStage};
 use tower::{Service, ServiceExt};
