@@ -104,8 +104,10 @@
 //! * every **secret query parameter**: one whose name, percent-decoded
 //!   and ignoring case, is `key` or `sig` or contains one of the same
 //!   words (`api_key`, `apiKey`, `access_token`, `X-Amz-Signature`, ...;
-//!   [`redact::query_name_looks_secret`]). The other parameters keep their
-//!   order and their encoding, and `?` goes when none is left;
+//!   [`redact::query_name_looks_secret`]); a pair holding `;`, which
+//!   some servers read as a separator, goes whole when any of its parts
+//!   does (`page=2;token=t`). The other parameters keep their order and
+//!   their encoding, and `?` goes when none is left;
 //! * the `Host` header, which named the primary.
 //!
 //! A route receives a credential only if its rewrite sets it (its own

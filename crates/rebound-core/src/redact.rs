@@ -898,7 +898,9 @@ pub fn set_sensitive<'a>(headers: &mut HeaderMap, names: impl IntoIterator<Item 
 // ===== query: only the parameter names, opt-in =====
 
 /// The names of the query parameters of `uri` (`?a=1&b&c=2` gives `a`, `b`,
-/// `c`), never their values. Empty names are skipped.
+/// `c`), never their values. Empty names are skipped. `;` separates
+/// parameters too, as some servers read it (`?a=1;b=2` gives `a`, `b`), so
+/// no value hides behind one.
 ///
 /// Names are not always harmless: an API that puts a bare token in the query
 /// (`?s3cret`) makes the token a "name". That is why recording them is
@@ -912,7 +914,7 @@ pub fn set_sensitive<'a>(headers: &mut HeaderMap, names: impl IntoIterator<Item 
 pub fn query_param_names(uri: &Uri) -> impl Iterator<Item = &str> {
     uri.query()
         .unwrap_or("")
-        .split('&')
+        .split(['&', ';'])
         .map(|pair| pair.split_once('=').map_or(pair, |(name, _)| name))
         .filter(|name| !name.is_empty())
 }
@@ -969,7 +971,10 @@ pub fn query_name_looks_secret(name: &str) -> bool {
 /// `remove` is asked once for each parameter (an `&`-separated pair, or a
 /// bare name), with the parameter's name percent-decoded once (`api%5Fkey`
 /// is asked as `api_key`; bytes that are not UTF-8 become U+FFFD; `+` is
-/// left as it is). A pair with an empty name is kept without asking. The
+/// left as it is). A pair with an empty name is kept without asking. Since
+/// some servers also split on `;`, a pair holding `;` is asked once for
+/// each `;`-separated part, and removed whole if any part is
+/// (`page=2;token=t` goes). The
 /// parameters kept are copied as they were — in their order, their names
 /// and values not decoded or re-encoded — joined by `&`; the empty pairs of
 /// `a=1&&b=2` are dropped once something is removed. When nothing is
@@ -982,14 +987,24 @@ pub fn query_name_looks_secret(name: &str) -> bool {
 /// let q = "api%5Fkey=s3cret&page=2&q=a%20b&token=t";
 /// assert_eq!(remove_query_params(q, query_name_looks_secret), "page=2&q=a%20b");
 /// assert_eq!(remove_query_params("page=2", query_name_looks_secret), "page=2");
+/// // A secret behind `;`, which some servers read as a separator:
+/// assert_eq!(remove_query_params("page=2;token=t&q=1", query_name_looks_secret), "q=1");
 /// ```
 pub fn remove_query_params<'a, F>(query: &'a str, mut remove: F) -> Cow<'a, str>
 where
     F: FnMut(&str) -> bool,
 {
+    // Some servers also split a query on `;` (the old HTML 4 form, still
+    // read by Java servlet containers and Go before 1.17): `a=1;token=t` is
+    // then two parameters, and a secret one hidden behind `;` would be sent
+    // on. So each `;`-separated part of a pair is asked too, and any secret
+    // part removes the whole pair (erring towards secret).
     let mut removes = |pair: &str| {
-        let name = pair.split_once('=').map_or(pair, |(name, _)| name);
-        !name.is_empty() && remove(&percent_encoding::percent_decode_str(name).decode_utf8_lossy())
+        pair.split(';').any(|part| {
+            let name = part.split_once('=').map_or(part, |(name, _)| name);
+            !name.is_empty()
+                && remove(&percent_encoding::percent_decode_str(name).decode_utf8_lossy())
+        })
     };
     // First look, without allocating: most queries lose nothing.
     let Some(first) = query.split('&').position(&mut removes) else {
@@ -1316,6 +1331,10 @@ mod tests {
         let uri: Uri = "http://h/p?a=SECRET&&b&=x&c=".parse().unwrap();
         let names: Vec<_> = query_param_names(&uri).collect();
         assert_eq!(names, ["a", "b", "c"]);
+        // `;` separates too: the value behind it is never read as a name.
+        let uri: Uri = "http://h/p?a=1;token=SECRET&b".parse().unwrap();
+        let names: Vec<_> = query_param_names(&uri).collect();
+        assert_eq!(names, ["a", "token", "b"]);
         let uri: Uri = "http://h/p".parse().unwrap();
         assert_eq!(query_param_names(&uri).count(), 0);
     }
@@ -1399,11 +1418,17 @@ mod tests {
             // An empty name is kept; empty pairs go once something does.
             ("=x&token=t", "=x"),
             ("a=1&&token=t&&b=2", "a=1&b=2"),
+            // `;`, a separator to some servers: a secret part takes its
+            // whole pair; an escaped `%3B` separates nothing.
+            ("page=2;token=t&q=1", "q=1"),
+            ("q=1&token=t;page=2", "q=1"),
+            ("a=1;b=2;api%5Fkey=x", ""),
+            ("q=a%3Btoken=t", "q=a%3Btoken=t"),
         ] {
             assert_eq!(strip(query), left, "{query}");
         }
         // Nothing removed: the query itself, empty pairs and all.
-        for query in ["page=2", "a=1&&b=2", "&", "=x", "q=%20"] {
+        for query in ["page=2", "a=1&&b=2", "&", "=x", "q=%20", "a=1;b=2", ";"] {
             assert!(
                 matches!(remove_query_params(query, query_name_looks_secret), Cow::Borrowed(q) if q == query),
                 "{query}"

@@ -458,6 +458,12 @@ async fn secret_query_parameters_never_reach_a_route() {
             "https://primary.example/v1?password=&page=&token&flag",
             "https://secondary.example/v1?page=&flag",
         ),
+        // A secret behind `;`, which some servers read as a separator:
+        // its whole `&` pair goes.
+        (
+            "https://primary.example/v1?page=2;access_token=s3cret&q=1",
+            "https://secondary.example/v1?q=1",
+        ),
         // A secret-looking value under a harmless name stays (a value is
         // not a name).
         (
