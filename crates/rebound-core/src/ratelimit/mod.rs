@@ -563,9 +563,15 @@ pub(crate) fn settle(
     clock: Option<&(dyn Fn() -> SystemTime + Send + Sync)>,
     status: http::StatusCode,
     headers: &http::HeaderMap,
-    ticket: Ticket,
+    ticket: &mut Ticket,
     key: impl FnOnce() -> u64,
 ) -> Option<QuotaSignal> {
+    if !parse::has_fields(headers) {
+        // Nothing said (the happy path): no reading to make, nothing on
+        // the span; the pacer settles the ticket with an empty reading,
+        // as `read` would have made (and a 429 is still a signal).
+        return Pacer::settle_ticket(ticket, Instant::now, key, status, &Reading::EMPTY);
+    }
     let mut reading = parse::read_with(headers, status, || match clock {
         Some(clock) => clock(),
         #[allow(clippy::disallowed_methods)] // the wall clock, for dates
@@ -583,8 +589,7 @@ pub(crate) fn settle(
             span.record("rebound.ratelimit.reset_ms", future::millis(reset));
         }
     }
-    let pacer = ticket.pacer().clone();
-    pacer.record_keyed(Instant::now, key, ticket, status, &reading)
+    Pacer::settle_ticket(ticket, Instant::now, key, status, &reading)
 }
 
 /// The response future of [`RateLimit`].
@@ -641,7 +646,7 @@ pub mod future {
             }
             // An error: the ticket's drop gives its reservation back.
             let mut res = out?;
-            let Some(ticket) = ticket else {
+            let Some(mut ticket) = ticket else {
                 return Poll::Ready(Ok(res));
             };
             let host = this.host.as_ref();
@@ -649,7 +654,7 @@ pub mod future {
                 this.clock.as_deref(),
                 res.status(),
                 res.headers(),
-                ticket,
+                &mut ticket,
                 || host.key(),
             );
             if let Some(signal) = signal {

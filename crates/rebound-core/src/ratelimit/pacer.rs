@@ -594,28 +594,39 @@ impl Pacer {
         &self,
         now: Instant,
         uri: &Uri,
-        ticket: Ticket,
-        status: StatusCode,
-        reading: &Reading,
-    ) -> Option<QuotaSignal> {
-        self.record_keyed(|| now, || HostRef::of(uri).key(), ticket, status, reading)
-    }
-
-    /// [`record`](Self::record) with the clock and the host's key read only
-    /// if the reading has to be stored.
-    pub(crate) fn record_keyed(
-        &self,
-        now: impl FnOnce() -> Instant,
-        key: impl FnOnce() -> u64,
         mut ticket: Ticket,
         status: StatusCode,
         reading: &Reading,
     ) -> Option<QuotaSignal> {
+        debug_assert!(std::ptr::eq(self, &*ticket.pacer), "a ticket of this pacer");
+        Self::settle_ticket(
+            &mut ticket,
+            || now,
+            || HostRef::of(uri).key(),
+            status,
+            reading,
+        )
+    }
+
+    /// [`record`](Self::record) with the clock and the host's key read only
+    /// if the reading has to be stored.
+    ///
+    /// Settles `ticket` in place (it is left counted out and unregistered,
+    /// for its owner to drop): no move of the ticket and no second handle
+    /// on its pacer, on every response.
+    pub(crate) fn settle_ticket(
+        ticket: &mut Ticket,
+        now: impl FnOnce() -> Instant,
+        key: impl FnOnce() -> u64,
+        status: StatusCode,
+        reading: &Reading,
+    ) -> Option<QuotaSignal> {
+        let this: &Pacer = &ticket.pacer;
         let signal = QuotaSignal::of(status, reading);
         ticket.live = false;
         for (d, c) in ticket.costs.iter().enumerate() {
             if *c > 0 {
-                self.inflight[d].fetch_sub(*c, Ordering::Relaxed);
+                this.inflight[d].fetch_sub(*c, Ordering::Relaxed);
             }
         }
         if reading.is_empty() && ticket.reg.is_none() {
@@ -626,14 +637,14 @@ impl Pacer {
             || reading.quotas().any(|(dimension, q)| {
                 q.remaining.is_some_and(|r| {
                     let d = dimension.index();
-                    let flying = self.inflight[d].load(Ordering::Relaxed);
+                    let flying = this.inflight[d].load(Ordering::Relaxed);
                     (r.min(i64::MAX as u64) as i64)
-                        <= self.zone(q.limit).saturating_add(
+                        <= this.zone(q.limit).saturating_add(
                             flying.saturating_add(ticket.costs[d]).min(i64::MAX as u64) as i64,
                         )
                 })
             });
-        if !tight && ticket.reg.is_none() && self.watched.load(Ordering::Acquire) == 0 {
+        if !tight && ticket.reg.is_none() && this.watched.load(Ordering::Acquire) == 0 {
             return signal;
         }
         let key = match ticket.reg {
@@ -641,7 +652,7 @@ impl Pacer {
             None => key(),
         };
         let now = now();
-        let mut state = self.lock();
+        let mut state = this.lock();
         state.gen += 1;
         let gen = state.gen;
         let hosts = &mut state.hosts;
@@ -649,14 +660,14 @@ impl Pacer {
             if !tight {
                 return signal;
             }
-            if hosts.len() >= self.config.max_hosts {
+            if hosts.len() >= this.config.max_hosts {
                 let evict = hosts
                     .iter()
                     .min_by_key(|(_, h)| h.release_at())
                     .map(|(k, _)| *k);
                 if let Some(k) = evict {
                     hosts.remove(&k);
-                    self.watched.fetch_sub(1, Ordering::AcqRel);
+                    this.watched.fetch_sub(1, Ordering::AcqRel);
                 }
             }
             hosts.insert(
@@ -668,7 +679,7 @@ impl Pacer {
                     gen,
                 },
             );
-            self.watched.fetch_add(1, Ordering::AcqRel);
+            this.watched.fetch_add(1, Ordering::AcqRel);
         }
         let host = hosts.get_mut(&key).expect("inserted above");
         let fresh = host.parts.is_empty();
@@ -695,7 +706,7 @@ impl Pacer {
         let part = &mut host.parts[i];
         part.touched = now;
         for (d, dim) in part.dims.iter_mut().enumerate() {
-            let flying = self.inflight[d].load(Ordering::Relaxed);
+            let flying = this.inflight[d].load(Ordering::Relaxed);
             dim.untracked = if fresh {
                 // Requests sent before the host was tracked are in flight,
                 // and count against what the server says is left.
@@ -747,7 +758,7 @@ impl Pacer {
                 host.pause_until = Some(host.pause_until.map_or(until, |p| p.max(until)));
             }
         }
-        self.untrack_if_plenty(hosts, key, now);
+        this.untrack_if_plenty(hosts, key, now);
         signal
     }
 

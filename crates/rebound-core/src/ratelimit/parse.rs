@@ -207,6 +207,16 @@ pub struct Reading {
 }
 
 impl Reading {
+    /// A response that said nothing: what [`read`] gives for one without a
+    /// rate-limit header, as a constant (no reading made).
+    pub(crate) const EMPTY: Reading = Reading {
+        quotas: [None; 4],
+        said: false,
+        retry_after: None,
+        should_retry: None,
+        partition: None,
+    };
+
     /// What the server said about `dimension`, if anything.
     pub fn get(&self, dimension: Dimension) -> Option<&Quota> {
         self.quotas[dimension.index()].as_ref()
@@ -335,6 +345,14 @@ fn slot_of(n: &str) -> Option<usize> {
         return None;
     }
     NAMES.iter().position(|k| *k == n)
+}
+
+/// Whether `headers` hold any header a reader reads: one pass over the
+/// names, each turned away by its first bytes (see [`slot_of`]) — all a
+/// response without rate-limit headers costs.
+#[inline]
+pub(crate) fn has_fields(headers: &HeaderMap) -> bool {
+    headers.keys().any(|name| slot_of(name.as_str()).is_some())
 }
 
 impl<'a> Fields<'a> {

@@ -631,18 +631,17 @@ where
         if matches!(from, Step::Gate | Step::Pace) {
             if let Some(rate_limit) = &r.cfg.rate_limit {
                 let pacer = &rate_limit.pacer;
-                let mut ticket = r
+                // Made in place and kept there (a ticket is not small).
+                let ticket = r
                     .ticket
-                    .take()
-                    .unwrap_or_else(|| pacer.ticket(req.extensions().get::<Cost>()));
+                    .get_or_insert_with(|| pacer.ticket(req.extensions().get::<Cost>()));
                 let admit = if pacer.hosts() == 0 {
                     // No host tracked: no clock, no hash, no lock.
-                    pacer.count(&mut ticket);
+                    pacer.count(ticket);
                     Admit::Go
                 } else {
-                    pacer.admit(Instant::now(), req.uri(), &mut ticket, Some(r.deadline))
+                    pacer.admit(Instant::now(), req.uri(), ticket, Some(r.deadline))
                 };
-                r.ticket = Some(ticket);
                 match admit {
                     Admit::Go => {}
                     Admit::Wait(until) | Admit::Later(until) => {
@@ -798,7 +797,7 @@ where
         }
         // The pacer first: a quota at zero is an overload signal for the
         // adaptive limit below.
-        if let Some(ticket) = r.ticket.take() {
+        if let Some(ticket) = &mut r.ticket {
             // An error: the ticket's drop gives its reservation back.
             if let Ok(res) = &mut out {
                 let rate_limit = r.cfg.rate_limit.as_ref().expect("a ticket of the pacer");
@@ -814,6 +813,8 @@ where
                     res.extensions_mut().insert(signal);
                 }
             }
+            // Settled, or (an error) given back by its drop.
+            r.ticket = None;
         }
         if std::mem::take(&mut r.throttled) {
             if let (true, Some(key)) = (crate::throttle::is_accept(&out), r.key) {
