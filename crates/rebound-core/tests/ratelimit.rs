@@ -399,3 +399,57 @@ async fn the_wait_and_the_quota_are_on_the_request_span_as_numbers() {
     }
     assert_eq!(spans[1].field("rebound.ratelimit.wait_ms"), Some("1500"));
 }
+
+/// A 200 whose `remaining` is 0 lowers the adaptive limit before any 429,
+/// whichever of the two layers is outside (issue 21: "on 429, lower your
+/// own concurrency"); one with quota left does not.
+#[cfg(feature = "limit")]
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_quota_at_zero_lowers_the_adaptive_limit_in_either_order() {
+    use rebound_core::limit::{AdaptiveLimitLayer, Aimd};
+
+    fn answering(remaining: &'static str) -> Response<()> {
+        Response::builder()
+            .header("x-ratelimit-limit", "100")
+            .header("x-ratelimit-remaining", remaining)
+            .header("x-ratelimit-reset", "30")
+            .body(())
+            .unwrap()
+    }
+    for remaining in ["0", "40"] {
+        for adaptive_outside in [true, false] {
+            let adaptive =
+                AdaptiveLimitLayer::new(Aimd::default().initial_limit(16).backoff_ratio(0.5));
+            let limiter = adaptive.limiter().clone();
+            let server = service_fn(move |_req: Request<()>| async move {
+                Ok::<_, Infallible>(answering(remaining))
+            });
+            let res = if adaptive_outside {
+                ServiceBuilder::new()
+                    .layer(adaptive)
+                    .layer(RateLimitLayer::new())
+                    .service(server)
+                    .oneshot(Request::get(URL).body(()).unwrap())
+                    .await
+                    .map(|r| r.status())
+                    .map_err(|e| e.to_string())
+            } else {
+                ServiceBuilder::new()
+                    .layer(RateLimitLayer::new())
+                    .layer(adaptive)
+                    .service(server)
+                    .oneshot(Request::get(URL).body(()).unwrap())
+                    .await
+                    .map(|r| r.status())
+                    .map_err(|e| e.to_string())
+            };
+            assert_eq!(res, Ok(StatusCode::OK));
+            let want = if remaining == "0" { 8 } else { 16 };
+            assert_eq!(
+                limiter.current_limit(),
+                want,
+                "remaining {remaining}, adaptive limit outside: {adaptive_outside}"
+            );
+        }
+    }
+}

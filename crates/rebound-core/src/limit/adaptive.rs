@@ -1081,6 +1081,21 @@ fn outcome_of_response<B>(res: &Response<B>) -> Outcome {
     }
 }
 
+/// [`outcome_of_response`] for the layer, which may stand inside a
+/// `RateLimitLayer` (so no [`QuotaSignal`](crate::ratelimit::QuotaSignal)
+/// is on the response yet): a quota at zero in the headers is an overload
+/// too. The whole-stack service reads the headers once, in its pacer, and
+/// keeps to [`outcome_of_response`].
+fn outcome_of_unread_response<B>(res: &Response<B>) -> Outcome {
+    let outcome = outcome_of_response(res);
+    #[cfg(feature = "ratelimit")]
+    if outcome != Outcome::Overload && crate::ratelimit::says_exhausted(res.status(), res.headers())
+    {
+        return Outcome::Overload;
+    }
+    outcome
+}
+
 fn outcome_of_error(err: &Error) -> Outcome {
     match err.kind() {
         ErrorKind::Timeout(TimeoutStage::Headers) => Outcome::Overload,
@@ -1135,7 +1150,7 @@ where
         let show = |outcome: Outcome| queued || outcome == Outcome::Overload;
         Poll::Ready(match result {
             Ok(mut res) => {
-                let outcome = outcome_of_response(&res);
+                let outcome = outcome_of_unread_response(&res);
                 let before = show(outcome).then(|| this.limiter.state());
                 slot.finish(outcome);
                 if let Some(state) = before {

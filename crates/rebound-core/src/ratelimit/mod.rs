@@ -274,6 +274,33 @@ impl QuotaSignal {
     }
 }
 
+/// Whether a response says a quota is at zero (a `remaining` of 0 in any
+/// header family; a cached response's fields are not read): the check a
+/// concurrency limit makes on a response that no [`RateLimitLayer`] has
+/// read yet, so that a quota at zero lowers it whichever layer is outside.
+/// A response without rate-limit headers costs one pass over its names.
+///
+/// ```
+/// use http::{HeaderMap, HeaderValue, StatusCode};
+/// use rebound_core::ratelimit::says_exhausted;
+///
+/// let mut headers = HeaderMap::new();
+/// headers.insert("x-ratelimit-remaining", HeaderValue::from_static("0"));
+/// assert!(says_exhausted(StatusCode::OK, &headers));
+/// headers.insert("x-ratelimit-remaining", HeaderValue::from_static("12"));
+/// assert!(!says_exhausted(StatusCode::OK, &headers));
+/// assert!(!says_exhausted(StatusCode::OK, &HeaderMap::new()));
+/// ```
+pub fn says_exhausted(status: StatusCode, headers: &http::HeaderMap) -> bool {
+    if !parse::has_fields(headers) || parse::is_cached(status, headers) {
+        return false;
+    }
+    // No reset is compared with the clock here: only `remaining` counts.
+    let reading = parse::read_with(headers, status, || SystemTime::UNIX_EPOCH);
+    let at_zero = reading.quotas().any(|(_, q)| q.remaining == Some(0));
+    at_zero
+}
+
 /// On a [`ErrorKind::QuotaExhausted`] error: which quota is out and when
 /// it comes back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
