@@ -236,3 +236,60 @@ async fn the_servers_word_on_retrying_wins_over_the_status() {
     assert_eq!(res.status(), 200);
     assert_eq!(server.requests_to("/yes").len(), 2, "retried once");
 }
+
+/// The draft's `quota-exceeded` problem (a 429 of
+/// `application/problem+json`, the daily quota's headers saying it resets
+/// hours away, and `Retry-After`): the next request fails at once as
+/// `QuotaExhausted`, not sent, not retried, the reset in the error — not
+/// as the Retry-After gate's `Throttled`, which the client checks first.
+#[tokio::test]
+async fn a_quota_exceeded_problem_fails_the_next_request_naming_the_reset() {
+    use rebound::{GateMode, RetryAfterHint};
+    use rebound_test::quota::{DailyQuota, HeaderFamily, QuotaServer};
+
+    let server = QuotaServer::builder()
+        .headers(HeaderFamily::Ietf)
+        .requests(1_000)
+        .daily(DailyQuota::requests(2).problem_json(true))
+        .start()
+        .await;
+    let url = server.url("/v1/chat");
+    // Another client uses the day's quota up.
+    let other = Client::builder()
+        .rate_limit(None)
+        .retry_after_gate(None::<GateMode>)
+        .build()
+        .unwrap();
+    for _ in 0..2 {
+        let res = timeout(BOUND, other.get(url.as_str()))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(res.status(), 200);
+    }
+    let client = Client::builder().build().unwrap();
+    let res = timeout(BOUND, client.get(url.as_str()))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(res.status(), 429);
+    assert_eq!(
+        res.headers()["content-type"],
+        "application/problem+json",
+        "the draft's problem"
+    );
+    drop(res);
+    let received = server.snapshot().received;
+    let err = timeout(BOUND, client.get(url.as_str()))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::QuotaExhausted, "{err}");
+    assert_eq!(err.extensions().get::<Sent>(), Some(&Sent::NotSent));
+    assert_ne!(err.retry_stop(), Some(RetryStop::Attempts), "not retried");
+    let reset = err.extensions().get::<QuotaReset>().expect("the reset");
+    assert!(reset.at > Instant::now() + Duration::from_secs(3_600));
+    let hint = err.extensions().get::<RetryAfterHint>().expect("a hint");
+    assert!(hint.0 > Duration::from_secs(3_600));
+    assert_eq!(server.snapshot().received, received, "not sent");
+}

@@ -582,6 +582,41 @@ impl Pacer {
         }
     }
 
+    /// When `uri`'s host's quota is out past `deadline` (or, without one,
+    /// [`max_wait`](PacerConfig::max_wait)), and which: a pause the server
+    /// asked for, or a quota at zero whose reset comes later. Reads only,
+    /// reserves nothing. For the client's one-service stack, whose
+    /// Retry-After gate is checked before the pacer: a request it fails
+    /// fast names the quota and its reset, as with the layers stacked as
+    /// documented (the pacer outside the gate).
+    pub(crate) fn out_past(
+        &self,
+        now: Instant,
+        uri: &Uri,
+        deadline: Option<Instant>,
+    ) -> Option<(Instant, Dimension)> {
+        if self.watched.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let key = HostRef::of(uri).key();
+        let state = self.lock();
+        let host = state.hosts.get(&key)?;
+        let bound = |t: Instant| {
+            t > now
+                && (deadline.is_some_and(|d| t > d)
+                    || t.saturating_duration_since(now) > self.config.max_wait)
+        };
+        if let Some(pause) = host.pause_until.filter(|p| bound(*p)) {
+            return Some((pause, Dimension::Requests));
+        }
+        let part = host.parts.get(host.current)?;
+        Dimension::ALL.into_iter().find_map(|dimension| {
+            let d = &part.dims[dimension.index()];
+            let reset = d.reset_at.filter(|r| d.known && d.left < 1 && bound(*r))?;
+            Some((reset, dimension))
+        })
+    }
+
     /// Read what the response to `ticket`'s request said (`reading`, parsed
     /// from its headers at `now`; skip cached responses): the host's quota
     /// is updated, the ticket's reservation is settled. Returns the signal

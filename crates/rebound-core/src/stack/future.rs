@@ -452,6 +452,8 @@ where
                         _ => Some(throttled_named(&name, until, now, None)),
                     };
                     if let Some(err) = failed {
+                        let err = out_of_quota(r.cfg.rate_limit.as_ref(), &req, r.deadline, now)
+                            .unwrap_or(err);
                         return Admission::Finished(Box::new(r.complete(Err(err), Up::Hold)));
                     }
                     r.held_since.get_or_insert(now);
@@ -599,6 +601,13 @@ where
                     if let Some(until) = gate.table().check(key, now) {
                         let name = RequestName::of(&req);
                         r.attempt_held_since.get_or_insert(now);
+                        let fails = gate.gate_mode() != GateMode::Wait || r.deadline < until;
+                        if let Some(err) = fails
+                            .then(|| out_of_quota(r.cfg.rate_limit.as_ref(), &req, r.deadline, now))
+                            .flatten()
+                        {
+                            return Started::Failed(err);
+                        }
                         match gate.gate_mode() {
                             GateMode::Wait if r.deadline >= until => {
                                 let wait = wait_open(
@@ -1443,4 +1452,20 @@ fn poll_closed_for(
     closing
         .as_mut()
         .is_some_and(|c| c.as_mut().poll(cx).is_ready())
+}
+
+/// A request the Retry-After gate fails fast fails by the pacer's word
+/// first, if the pacer holds its host past the deadline too (a daily
+/// quota, a `quota-exceeded` 429 whose reset is hours away), as the layers
+/// stack (the pacer outside the gate): the error is
+/// [`QuotaExhausted`](crate::ErrorKind::QuotaExhausted), naming the quota
+/// and its reset. Off the happy path: only for a request already failing.
+fn out_of_quota<B>(
+    rate_limit: Option<&crate::ratelimit::RateLimitLayer>,
+    req: &Request<B>,
+    deadline: Instant,
+    now: Instant,
+) -> Option<Error> {
+    let (reset, dimension) = rate_limit?.pacer.out_past(now, req.uri(), Some(deadline))?;
+    Some(exhausted(req, reset, dimension, now))
 }
