@@ -574,7 +574,8 @@ fn with_shared<R: Send + 'static>(
                     .map_or(latest, |d| d.min(latest));
                 let admitted = state.admit(req.method(), req.uri(), Some(deadline)).await?;
                 let res = (stack.call)(req).await?;
-                state.settle(admitted, res.status(), res.headers());
+                let attempts = rebound_core::annotations::Attempts::of(res.extensions());
+                state.settle_attempts(admitted, res.status(), res.headers(), attempts);
                 Ok(res)
             })
         }),
