@@ -123,12 +123,15 @@
 //! # Cost
 //!
 //! A client without shared state pays nothing. With it, a request to a
-//! host with a lease in hand hashes its scheme and authority (FxHash's
-//! step, 8 bytes at a time; the maps keyed by it hash no more), takes one uncontended lock
-//! and decrements the lease; its response is read (its headers parsed)
-//! only when an observation is due. The stable [`HostId`] and the host
-//! table's key are hashed once per host. The layer boxes its future (one
-//! allocation per request). See BENCHMARKS.md for the count.
+//! host with a lease in hand is admitted synchronously
+//! ([`admit_now`](SharedState::admit_now): no future, no allocation): its
+//! scheme and authority are folded to lower case and hashed 8 bytes at a
+//! time (FxHash's step; the maps keyed by it hash no more), one
+//! uncontended lock is taken and the lease decremented; its response is
+//! read (its headers parsed) only when an observation is due. The stable
+//! [`HostId`] and the host table's key are hashed once per host. The
+//! layer's future is named ([`SharedStateFuture`]): boxed only for an
+//! admission that waits. See BENCHMARKS.md for the count.
 //!
 //! # Why a lease, not a call per request
 //!
@@ -149,13 +152,16 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use futures_util::future::BoxFuture;
 use http::{HeaderMap, Method, Request, Response, StatusCode, Uri};
+use pin_project_lite::pin_project;
 use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 use tower_layer::Layer;
@@ -420,14 +426,17 @@ impl std::hash::Hasher for KeyHasher {
 type Keyed<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<KeyHasher>>;
 
 /// A request's host as this state keys it: its scheme and authority
-/// (userinfo left out, lower-cased), hashed 8 bytes at a time (FxHash's
-/// step): a few dozen instructions, where the host table's keyed hash
-/// (which an entry keeps for the table) costs hundreds. Not keyed: the
-/// map it keys is bounded (4096 hosts), so crafted collisions can slow a
-/// look-up, never grow it.
+/// (userinfo and a default port left out), folded to lower case and hashed
+/// 8 bytes at a time (FxHash's step): a few dozen instructions, where the
+/// host table's keyed hash (which an entry keeps for the table) costs
+/// hundreds. Not keyed: the map it keys is bounded (4096 hosts), so
+/// crafted collisions can slow a look-up, never grow it.
 fn local_key(uri: &Uri) -> u64 {
     let scheme = uri.scheme_str().unwrap_or("").as_bytes();
     let mut authority = uri.authority().map_or(&b""[..], |a| a.as_str().as_bytes());
+    if let Some(i) = authority.iter().rposition(|c| *c == b'@') {
+        authority = &authority[i + 1..];
+    }
     // The default port is no port: `https://h` and `https://h:443` are one
     // host (as `HostId` says).
     let default_port: &[u8] = match scheme {
@@ -438,59 +447,28 @@ fn local_key(uri: &Uri) -> u64 {
     if !default_port.is_empty() && authority.ends_with(default_port) {
         authority = &authority[..authority.len() - default_port.len()];
     }
-    let plain = |b: &[u8]| !b.iter().any(|c| c.is_ascii_uppercase() || *c == b'@');
-    if plain(scheme) && plain(authority) {
-        return fx_part(fx_part(0, scheme), authority);
-    }
-    // Rare: upper case or userinfo. Normalise into a small buffer.
-    let authority = match authority.iter().rposition(|c| *c == b'@') {
-        Some(i) => &authority[i + 1..],
-        None => authority,
-    };
-    let mut h = 0;
-    for part in [scheme, authority] {
-        let mut buf = [0u8; 64];
-        let mut chunks = part.chunks(64);
-        let mut parts = 0;
-        for chunk in &mut chunks {
-            for (d, c) in buf.iter_mut().zip(chunk) {
-                *d = c.to_ascii_lowercase();
-            }
-            h = fx(h, &buf[..chunk.len()]);
-            parts += 1;
-        }
-        if parts == 0 {
-            h = fx(h, b"");
-        }
-    }
-    h
+    fx_folded(fx_folded(0, scheme), authority)
 }
 
-/// [`fx`] over `part` in pieces of 64 bytes (as the lower-casing path
-/// hashes them).
-fn fx_part(mut h: u64, part: &[u8]) -> u64 {
-    if part.is_empty() {
-        return fx(h, part);
-    }
-    for chunk in part.chunks(64) {
-        h = fx(h, chunk);
-    }
-    h
-}
-
-/// FxHash's step over `bytes`, 8 at a time, with their length.
-fn fx(mut h: u64, bytes: &[u8]) -> u64 {
+/// FxHash's step over `bytes` with bit 5 of every byte set, 8 at a time,
+/// with their length: ASCII case folded in one OR a word. The characters
+/// of a scheme and an authority (letters, digits, `.-:_~%!$&'()*+,;=[]`)
+/// stay apart but for case: those it maps onto one another (`_` and DEL,
+/// `[` and `{`, …) cannot both be in an authority.
+fn fx_folded(mut h: u64, bytes: &[u8]) -> u64 {
     const K: u64 = 0x517c_c1b7_2722_0a95;
+    const FOLD: u64 = 0x2020_2020_2020_2020;
     let mut chunks = bytes.chunks_exact(8);
     for c in &mut chunks {
         let mut w = [0u8; 8];
         w.copy_from_slice(c);
-        h = (h.rotate_left(5) ^ u64::from_le_bytes(w)).wrapping_mul(K);
+        h = (h.rotate_left(5) ^ (u64::from_le_bytes(w) | FOLD)).wrapping_mul(K);
     }
     let rest = chunks.remainder();
     let mut w = [0u8; 8];
     w[..rest.len()].copy_from_slice(rest);
-    (h.rotate_left(5) ^ u64::from_le_bytes(w) ^ ((bytes.len() as u64) << 56)).wrapping_mul(K)
+    (h.rotate_left(5) ^ (u64::from_le_bytes(w) | FOLD) ^ ((bytes.len() as u64) << 56))
+        .wrapping_mul(K)
 }
 
 #[derive(Default)]
@@ -934,6 +912,36 @@ impl SharedState {
         Step::Fetch(e.want)
     }
 
+    /// The happy path of [`admit`](Self::admit), with no future: a request
+    /// to a host with a lease in hand (or one the store keeps no quota
+    /// for, answered before) is admitted at once. `None`: anything else
+    /// (no lease, a pause, the host's first request, the state's tasks not
+    /// started yet): call [`admit`](Self::admit).
+    pub fn admit_now(&self, uri: &Uri) -> Option<Admitted> {
+        self.inner.writer.get()?;
+        let key = local_key(uri);
+        let now = Instant::now();
+        let mut hosts = self.lock();
+        let e = hosts.by_key.get_mut(&key)?;
+        if e.paused_until.is_some() {
+            return None;
+        }
+        let due = if e.tracked {
+            if e.lease == 0 || now >= e.lease_until {
+                return None;
+            }
+            e.lease -= 1;
+            e.used += 1;
+            e.observe_due
+        } else if e.seen {
+            true
+        } else {
+            return None;
+        };
+        e.touched = now;
+        Some(Admitted { key, due })
+    }
+
     /// Admit a request to `uri`: at once with a lease in hand (or to a host
     /// the store keeps no quota for), else after taking a lease, waiting
     /// for the shared quota or a pause (bounded by `deadline`, else
@@ -1051,6 +1059,7 @@ impl SharedState {
     /// attempt's). A 429 of a tracked host also ends the lease in hand
     /// (the server is out; it is not given back) and makes its headers
     /// the next observation.
+    #[inline]
     pub fn settle_attempts(
         &self,
         admitted: Admitted,
@@ -1058,11 +1067,21 @@ impl SharedState {
         headers: &HeaderMap,
         attempts: u32,
     ) {
-        let too_many = status == StatusCode::TOO_MANY_REQUESTS;
-        if !admitted.due && !too_many && attempts <= 1 {
+        if !admitted.due && status != StatusCode::TOO_MANY_REQUESTS && attempts <= 1 {
             // A lease in hand and no observation due: nothing to read.
             return;
         }
+        self.settle_read(admitted, status, headers, attempts);
+    }
+
+    fn settle_read(
+        &self,
+        admitted: Admitted,
+        status: StatusCode,
+        headers: &HeaderMap,
+        attempts: u32,
+    ) {
+        let too_many = status == StatusCode::TOO_MANY_REQUESTS;
         let (id, quota_id, due, probe, debt) = {
             let mut hosts = self.lock();
             match hosts.by_key.get_mut(&admitted.key) {
@@ -1305,7 +1324,7 @@ where
 {
     type Response = Response<ResB>;
     type Error = Error;
-    type Future = BoxFuture<'static, Result<Response<ResB>, Error>>;
+    type Future = SharedStateFuture<S, ReqB>;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         // The inner service is made ready after admission (a clone).
@@ -1313,20 +1332,115 @@ where
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        let state = self.state.clone();
         let inner = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, inner);
-        Box::pin(async move {
-            let admitted = state
-                .admit(req.method(), req.uri(), Deadline::of(req.extensions()))
-                .await?;
-            let res = tower::ServiceExt::oneshot(inner, req)
-                .await
-                .map_err(|e| Error::from_boxed(e.into()))?;
-            let attempts = Attempts::of(res.extensions());
-            state.settle_attempts(admitted, res.status(), res.headers(), attempts);
-            Ok(res)
-        })
+        let svc = std::mem::replace(&mut self.inner, inner);
+        let state = self.state.clone();
+        let stage = match state.admit_now(req.uri()) {
+            Some(admitted) => Stage::Ready { admitted },
+            None => {
+                let (st, method, uri) = (state.clone(), req.method().clone(), req.uri().clone());
+                let deadline = Deadline::of(req.extensions());
+                Stage::Admitting {
+                    admit: Box::pin(async move { st.admit(&method, &uri, deadline).await }),
+                }
+            }
+        };
+        SharedStateFuture {
+            state,
+            svc,
+            req: Some(req),
+            stage,
+        }
+    }
+}
+
+pin_project! {
+    /// The future of [`SharedStateService`]: no allocation when the
+    /// request is admitted at once ([`SharedState::admit_now`]: a lease in
+    /// hand); one box for an admission that waits or asks the store.
+    pub struct SharedStateFuture<S, ReqB>
+    where
+        S: Service<Request<ReqB>>,
+    {
+        state: SharedState,
+        svc: S,
+        req: Option<Request<ReqB>>,
+        #[pin]
+        stage: Stage<S, ReqB>,
+    }
+}
+
+pin_project! {
+    #[project = StageProj]
+    enum Stage<S, ReqB>
+    where
+        S: Service<Request<ReqB>>,
+    {
+        Admitting {
+            admit: BoxFuture<'static, Result<Admitted, Error>>,
+        },
+        Ready {
+            admitted: Admitted,
+        },
+        Calling {
+            #[pin]
+            fut: S::Future,
+            admitted: Admitted,
+        },
+        Done,
+    }
+}
+
+impl<S, ReqB> fmt::Debug for SharedStateFuture<S, ReqB>
+where
+    S: Service<Request<ReqB>>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedStateFuture").finish_non_exhaustive()
+    }
+}
+
+impl<S, ReqB, ResB> Future for SharedStateFuture<S, ReqB>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
+    S::Error: Into<BoxError>,
+{
+    type Output = Result<Response<ResB>, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.stage.as_mut().project() {
+                StageProj::Admitting { admit } => match ready!(admit.as_mut().poll(cx)) {
+                    Ok(admitted) => this.stage.set(Stage::Ready { admitted }),
+                    Err(e) => {
+                        this.stage.set(Stage::Done);
+                        return Poll::Ready(Err(e));
+                    }
+                },
+                StageProj::Ready { admitted } => {
+                    let admitted = *admitted;
+                    if let Err(e) = ready!(this.svc.poll_ready(cx)) {
+                        this.stage.set(Stage::Done);
+                        return Poll::Ready(Err(Error::from_boxed(e.into())));
+                    }
+                    let req = this.req.take().expect("a request until it is sent");
+                    let fut = this.svc.call(req);
+                    this.stage.set(Stage::Calling { fut, admitted });
+                }
+                StageProj::Calling { fut, admitted } => {
+                    let admitted = *admitted;
+                    let out = ready!(fut.poll(cx));
+                    this.stage.set(Stage::Done);
+                    let res = out.map_err(|e| Error::from_boxed(e.into()))?;
+                    let attempts = Attempts::of(res.extensions());
+                    this.state
+                        .settle_attempts(admitted, res.status(), res.headers(), attempts);
+                    return Poll::Ready(Ok(res));
+                }
+                StageProj::Done => panic!("SharedStateFuture polled after completion"),
+            }
+        }
     }
 }
 
