@@ -92,7 +92,7 @@
 //!    store), during a fall-back to local state (the store down;
 //!    the local pacer still paces by the headers), and the retries inside
 //!    the stack (a layer above the retry loop leases once per request;
-//!    the response's [`Attempts`](crate::annotations::Attempts) then
+//!    the response's [`Attempts`] then
 //!    charge its retries to the shared count after the fact, as the
 //!    host's lease debt, so they overshoot only until that write lands).
 //!
@@ -1052,7 +1052,7 @@ impl SharedState {
     }
 
     /// [`settle`](Self::settle) a response that took `attempts` attempts
-    /// ([`Attempts`](crate::annotations::Attempts) of a retry loop below
+    /// ([`Attempts`] of a retry loop below
     /// this state): the retries went without a lease, so they are the
     /// host's **lease debt**, taken from the shared count by the writer
     /// (whatever their answers: a retry's 429 counts like the first
