@@ -144,8 +144,8 @@
 //!
 //! A [`SharedState`] starts two tasks (at its first request): one watches
 //! the store's pauses, one performs the writes no request waits for (an
-//! observation, a pause, a lease given back, a debt charged) in order,
-//! each bounded by the call timeout. A request never spawns: it queues its
+//! observation, a pause, a lease given back, a debt charged), up to 16 at
+//! once, each bounded by the call timeout. A request never spawns: it queues its
 //! write (a bounded queue of 1024; a write that finds it full is dropped
 //! and counted by [`dropped_writes`](SharedState::dropped_writes)). Both
 //! tasks end when the last clone of the state is dropped.
@@ -496,6 +496,8 @@ struct Inner {
 
 /// Writes in the writer task's queue, at most.
 const WRITE_QUEUE: usize = 1024;
+/// Writes the writer task performs at once, at most.
+const WRITES_IN_FLIGHT: usize = 16;
 
 /// A write no request waits for, performed by the writer task.
 enum Write {
@@ -713,11 +715,23 @@ impl SharedState {
             let breaker = self.inner.breaker.clone();
             let config = self.inner.config.clone();
             tokio::spawn(async move {
-                while let Some(write) = rx.recv().await {
-                    if breaker.allows(Instant::now()) {
-                        let _ = bounded(&config, &breaker, write.call(&*store)).await;
-                    }
-                }
+                use futures_util::StreamExt;
+                // Up to WRITES_IN_FLIGHT at a time: a write waits for no
+                // other (an observation behind a slow give-back would be
+                // stale by the time it lands).
+                let writes = futures_util::stream::unfold(rx, |mut rx| async move {
+                    rx.recv().await.map(|write| (write, rx))
+                });
+                writes
+                    .for_each_concurrent(WRITES_IN_FLIGHT, |write| {
+                        let (config, breaker, store) = (&config, &breaker, &store);
+                        async move {
+                            if breaker.allows(Instant::now()) {
+                                let _ = bounded(config, breaker, write.call(&**store)).await;
+                            }
+                        }
+                    })
+                    .await;
             });
         }
         let weak = Arc::downgrade(&self.inner);
