@@ -707,7 +707,7 @@ impl SharedState {
         if self.inner.watch.get().is_some() || tokio::runtime::Handle::try_current().is_err() {
             return;
         }
-        let (tx, mut rx) = mpsc::channel::<Write>(WRITE_QUEUE);
+        let (tx, rx) = mpsc::channel::<Write>(WRITE_QUEUE);
         if self.inner.writer.set(tx).is_ok() {
             // It holds no handle to the state: it ends when the state's
             // sender is dropped with the state.
