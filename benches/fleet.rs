@@ -187,10 +187,16 @@ impl rebound::shared::HostStore for GrantAll {
             Ok(rebound::shared::Lease::Granted {
                 granted: want,
                 reset_in: Some(Duration::from_secs(3600)),
+                window: 1,
             })
         })
     }
-    fn give_back(&self, _: rebound::shared::HostId, _: u64) -> rebound::shared::StoreFuture<()> {
+    fn give_back(
+        &self,
+        _: rebound::shared::HostId,
+        _: u64,
+        _: u64,
+    ) -> rebound::shared::StoreFuture<()> {
         Box::pin(async { Ok(()) })
     }
     fn observe(

@@ -572,9 +572,13 @@ fn with_shared<R: Send + 'static>(
                 let latest = tokio::time::Instant::now() + total;
                 let deadline = rebound_core::annotations::Deadline::of(req.extensions())
                     .map_or(latest, |d| d.min(latest));
-                let admitted = state.admit(req.method(), req.uri(), Some(deadline)).await?;
+                let admitted = match state.admit_now(req.uri()) {
+                    Some(admitted) => admitted,
+                    None => state.admit(req.method(), req.uri(), Some(deadline)).await?,
+                };
                 let res = (stack.call)(req).await?;
-                state.settle(admitted, res.status(), res.headers());
+                let attempts = rebound_core::annotations::Attempts::of(res.extensions());
+                state.settle_attempts(admitted, res.status(), res.headers(), attempts);
                 Ok(res)
             })
         }),

@@ -64,14 +64,16 @@ if tok and r > 0 and now >= r then
   if w > 0 then r = r + w * (math.floor((now - r) / w) + 1) else r = 0 end
 end
 local op = ARGV[1]
-local out = {0, 0}
+local out = {0, 0, 0}
 if op == 'lease' then
-  if not tok then return {-1, -1} end
+  if not tok then return {-1, -1, 0} end
   local g = math.min(tonumber(ARGV[2]), math.max(tok, 0))
   tok = tok - g
-  if r > 0 then out = {g, r - now} else out = {g, -1} end
+  if r > 0 then out = {g, r - now, r} else out = {g, -1, 0} end
 elseif op == 'give' then
-  if not tok then return {0, 0} end
+  -- Only to the window the lease came from: after a reset the count was
+  -- refilled, and what a replica did not use of the last one is gone.
+  if not tok or tonumber(ARGV[3]) ~= r then return out end
   tok = tok + tonumber(ARGV[2])
   if l and tok > l then tok = l end
 elseif op == 'observe' then
@@ -224,10 +226,10 @@ impl RedisStore {
                 inv.arg(a);
             }
             let out: Vec<i64> = inv.invoke_async(&mut con).await.map_err(store_error)?;
-            if out.len() != 2 {
+            if out.len() != 3 {
                 return Err(StoreError::new(
                     StoreErrorKind::Garbage,
-                    "quota script: not a pair",
+                    "quota script: not a triple",
                 ));
             }
             Ok(out)
@@ -257,7 +259,7 @@ impl HostStore for RedisStore {
         let fut = self.run_quota(host, vec![want], "lease");
         Box::pin(async move {
             let out = fut.await?;
-            let (granted, reset) = (out[0], out[1]);
+            let (granted, reset, window) = (out[0], out[1], out[2]);
             if granted < 0 {
                 return Ok(Lease::Untracked);
             }
@@ -270,13 +272,15 @@ impl HostStore for RedisStore {
             Ok(Lease::Granted {
                 granted: granted as u64,
                 reset_in: u64::try_from(reset).ok().map(Duration::from_millis),
+                window: u64::try_from(window).unwrap_or(0),
             })
         })
     }
 
-    fn give_back(&self, host: HostId, n: u64) -> StoreFuture<()> {
+    fn give_back(&self, host: HostId, n: u64, window: u64) -> StoreFuture<()> {
         let n = i64::try_from(n).unwrap_or(i64::MAX);
-        let fut = self.run_quota(host, vec![n], "give");
+        let window = i64::try_from(window).unwrap_or(-1);
+        let fut = self.run_quota(host, vec![n, window], "give");
         Box::pin(async move { fut.await.map(drop) })
     }
 

@@ -378,3 +378,96 @@ async fn the_fallback_warning_holds_no_secret() {
         assert!(!text.contains(secret), "{secret} in {text}");
     }
 }
+
+/// A give-back of unused quota counts only in the window its lease came
+/// from: after the reset the count was refilled, and a late give-back is
+/// ignored by the script (it compares the lease's window with Redis's).
+#[tokio::test]
+async fn a_give_back_after_the_reset_is_ignored() {
+    use rebound_core::shared::{HostStore, Lease, Observation};
+    let redis = RedisServer::start().await.expect("redis-server");
+    let store = RedisStore::new(&redis.url(), "t-give").expect("store");
+    let host = HostId::of(&"https://api.example/".parse().unwrap());
+    let window = Duration::from_millis(400);
+    store
+        .observe(
+            host,
+            Observation {
+                remaining: 10,
+                reset_in: Some(window),
+                limit: Some(10),
+                window: Some(window),
+                precision: Duration::from_millis(1),
+            },
+        )
+        .await
+        .unwrap();
+    let granted = |l: Lease| match l {
+        Lease::Granted {
+            granted, window, ..
+        } => (granted, window),
+        Lease::Untracked => panic!("untracked"),
+    };
+    // Within the window: given back, leased again.
+    let (g, w1) = granted(store.lease(host, 4).await.unwrap());
+    assert_eq!(g, 4);
+    assert_ne!(w1, 0);
+    store.give_back(host, 4, w1).await.unwrap();
+    assert_eq!(granted(store.lease(host, 100).await.unwrap()).0, 10);
+    store.give_back(host, 10, w1).await.unwrap();
+
+    // A lease of 5, then the reset: the count is refilled to 10.
+    let (g, w1) = granted(store.lease(host, 5).await.unwrap());
+    assert_eq!(g, 5);
+    tokio::time::sleep(window + Duration::from_millis(100)).await;
+    let (g, w2) = granted(store.lease(host, 1).await.unwrap());
+    assert_eq!(g, 1);
+    assert_ne!(w1, w2, "a new window");
+    // The old lease's 5 come back late: ignored (else 9 + 5, capped: 10).
+    store.give_back(host, 5, w1).await.unwrap();
+    assert_eq!(granted(store.lease(host, 100).await.unwrap()).0, 9);
+}
+
+/// Retries inside the stack went without a lease: the response's attempt
+/// count is the host's lease debt, taken from the shared count.
+#[tokio::test]
+async fn retries_are_lease_debt_taken_from_the_shared_count() {
+    use http::{HeaderMap, Method, StatusCode};
+    use rebound_core::shared::{HostStore, Lease};
+    let redis = RedisServer::start().await.expect("redis-server");
+    let store = Arc::new(RedisStore::new(&redis.url(), "t-debt").expect("store"));
+    let state = SharedState::new(store.clone(), relaxed());
+    let uri: http::Uri = "https://api.example/".parse().unwrap();
+    let mut ok = HeaderMap::new();
+    ok.insert("x-ratelimit-limit-requests", "100".parse().unwrap());
+    ok.insert("x-ratelimit-remaining-requests", "100".parse().unwrap());
+    ok.insert("x-ratelimit-reset-requests", "60s".parse().unwrap());
+    // The first answer makes the host tracked, with 100 left.
+    let a = state.admit(&Method::GET, &uri, None).await.unwrap();
+    state.settle(a, StatusCode::OK, &ok);
+    let host = HostId::of(&uri);
+    let left = || async {
+        let lease = store.lease(host, 0).await.unwrap();
+        assert!(matches!(lease, Lease::Granted { .. }));
+        // Read the count: take all, give all back.
+        let Lease::Granted {
+            granted, window, ..
+        } = store.lease(host, 1000).await.unwrap()
+        else {
+            unreachable!()
+        };
+        store.give_back(host, granted, window).await.unwrap();
+        granted
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let before = left().await;
+    assert_eq!(before, 100);
+
+    // A request leases (one round trip), takes 3 attempts: 2 retries, the
+    // last a 429 (no Retry-After).
+    let a = state.admit(&Method::GET, &uri, None).await.unwrap();
+    let leased = 100 - left().await;
+    state.settle_attempts(a, StatusCode::TOO_MANY_REQUESTS, &HeaderMap::new(), 3);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(100 - left().await, leased + 2, "the 2 retries charged");
+}

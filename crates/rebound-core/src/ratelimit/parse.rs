@@ -69,7 +69,6 @@
 //! [`read`] walks the header names once; a response without any rate-limit
 //! header costs that walk (a few comparisons per header) and nothing else.
 
-use std::hash::Hasher;
 use std::time::{Duration, SystemTime};
 
 use http::{HeaderMap, HeaderValue, StatusCode};
@@ -823,9 +822,13 @@ impl<'a> Sf<'a> {
         }
         let text = &self.s[start..self.i];
         self.i += 1;
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        h.write(text);
-        Some(Bare::Bytes(h.finish()))
+        // FNV-1a: stable across processes and builds (the shared state
+        // names a partition's quota in its store by it, for a fleet that
+        // mixes builds), unlike `DefaultHasher`.
+        let h = text.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+        });
+        Some(Bare::Bytes(h))
     }
 }
 

@@ -12,7 +12,7 @@
 //! # struct NoStore;
 //! # impl HostStore for NoStore {
 //! #     fn lease(&self, _: HostId, _: u64) -> StoreFuture<Lease> { Box::pin(async { Ok(Lease::Untracked) }) }
-//! #     fn give_back(&self, _: HostId, _: u64) -> StoreFuture<()> { Box::pin(async { Ok(()) }) }
+//! #     fn give_back(&self, _: HostId, _: u64, _: u64) -> StoreFuture<()> { Box::pin(async { Ok(()) }) }
 //! #     fn observe(&self, _: HostId, _: Observation) -> StoreFuture<()> { Box::pin(async { Ok(()) }) }
 //! #     fn pause(&self, _: HostId, _: Duration) -> StoreFuture<()> { Box::pin(async { Ok(()) }) }
 //! #     fn watch(&self, _: PauseSink) -> StoreFuture<()> { Box::pin(std::future::pending()) }
@@ -62,6 +62,9 @@
 //!   [`ErrorKind::QuotaExhausted`], not sent). After each lease, the next
 //!   response's headers are sent to the store: the server's count corrects
 //!   the shared one (it only lowers it within a window).
+//!   A host whose responses name an IETF partition key (`pk`) has one
+//!   shared count per partition, named by the host's [`HostId`] and the
+//!   key's stable hash (FNV-1a: the same in every build of a fleet).
 //! * **The Retry-After pause of each host.** A 429 with a Retry-After
 //!   seen by any replica (by this layer, or by a gate over a
 //!   [`HostTable`] given to [`attach`](SharedState::attach)) is written to
@@ -88,7 +91,14 @@
 //!    answer, or a lease was asked before its observation reached the
 //!    store), during a fall-back to local state (the store down;
 //!    the local pacer still paces by the headers), and the retries inside
-//!    the stack (a layer above the retry loop leases once per request).
+//!    the stack (a layer above the retry loop leases once per request;
+//!    the response's [`Attempts`] then
+//!    charge its retries to the shared count after the fact, as the
+//!    host's lease debt, so they overshoot only until that write lands).
+//!
+//! A lease's unused requests given back after its window reset are
+//! ignored by the store (it compares the lease's window with its own), so
+//! a late give-back never adds to a refilled count.
 //!
 //! `tests/shared_state.rs` checks the first bound against a real quota
 //! server and a real Redis: four replicas, after the first window, draw no
@@ -113,12 +123,15 @@
 //! # Cost
 //!
 //! A client without shared state pays nothing. With it, a request to a
-//! host with a lease in hand hashes its scheme and authority (FxHash's
-//! step, 8 bytes at a time; the maps keyed by it hash no more), takes one uncontended lock
-//! and decrements the lease; its response is read (its headers parsed)
-//! only when an observation is due. The stable [`HostId`] and the host
-//! table's key are hashed once per host. The layer boxes its future (one
-//! allocation per request). See BENCHMARKS.md for the count.
+//! host with a lease in hand is admitted synchronously
+//! ([`admit_now`](SharedState::admit_now): no future, no allocation): its
+//! scheme and authority are folded to lower case and hashed 8 bytes at a
+//! time (FxHash's step; the maps keyed by it hash no more), one
+//! uncontended lock is taken and the lease decremented; its response is
+//! read (its headers parsed) only when an observation is due. The stable
+//! [`HostId`] and the host table's key are hashed once per host. The
+//! layer's future is named ([`SharedStateFuture`]): boxed only for an
+//! admission that waits. See BENCHMARKS.md for the count.
 //!
 //! # Why a lease, not a call per request
 //!
@@ -129,26 +142,32 @@
 //!
 //! # Tasks
 //!
-//! A [`SharedState`] starts one task (at its first request) that watches
-//! the store's pauses; it ends when the last clone is dropped. Writes that
-//! no request waits for (an observation, a pause, a lease given back) are
-//! spawned, each bounded by the call timeout.
+//! A [`SharedState`] starts two tasks (at its first request): one watches
+//! the store's pauses, one performs the writes no request waits for (an
+//! observation, a pause, a lease given back, a debt charged), up to 16 at
+//! once, each bounded by the call timeout. A request never spawns: it queues its
+//! write (a bounded queue of 1024; a write that finds it full is dropped
+//! and counted by [`dropped_writes`](SharedState::dropped_writes)). Both
+//! tasks end when the last clone of the state is dropped.
 
 use std::collections::HashMap;
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use futures_util::future::BoxFuture;
 use http::{HeaderMap, Method, Request, Response, StatusCode, Uri};
-use tokio::sync::Notify;
+use pin_project_lite::pin_project;
+use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::annotations::{Deadline, Reason, RetryAfterHint, Sent, Verdict};
+use crate::annotations::{Attempts, Deadline, Reason, RetryAfterHint, Sent, Verdict};
 use crate::error::{BoxError, Error, ErrorKind};
 use crate::host::{HostRef, HostTable};
 use crate::ratelimit::parse::{self, Dimension};
@@ -352,6 +371,8 @@ impl Breaker {
 #[derive(Debug)]
 struct Entry {
     id: HostId,
+    /// The id of its quota in the store: the host's, or its partition's.
+    quota_id: HostId,
     /// The host table's key for this host.
     table_key: u64,
     /// A pause the fleet set (or this replica saw).
@@ -363,6 +384,8 @@ struct Entry {
     /// The window the lease belongs to resets then (a lease left then is
     /// not given back: the count refilled).
     window_reset: Option<Instant>,
+    /// The store's name for the lease's window (for a give-back).
+    window: u64,
     /// The shared count is out until then.
     out_until: Option<Instant>,
     want: u64,
@@ -403,67 +426,49 @@ impl std::hash::Hasher for KeyHasher {
 type Keyed<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<KeyHasher>>;
 
 /// A request's host as this state keys it: its scheme and authority
-/// (userinfo left out, lower-cased), hashed 8 bytes at a time (FxHash's
-/// step): a few dozen instructions, where the host table's keyed hash
-/// (which an entry keeps for the table) costs hundreds. Not keyed: the
-/// map it keys is bounded (4096 hosts), so crafted collisions can slow a
-/// look-up, never grow it.
+/// (userinfo and a default port left out), folded to lower case and hashed
+/// 8 bytes at a time (FxHash's step): a few dozen instructions, where the
+/// host table's keyed hash (which an entry keeps for the table) costs
+/// hundreds. Not keyed: the map it keys is bounded (4096 hosts), so
+/// crafted collisions can slow a look-up, never grow it.
 fn local_key(uri: &Uri) -> u64 {
     let scheme = uri.scheme_str().unwrap_or("").as_bytes();
-    let authority = uri.authority().map_or(&b""[..], |a| a.as_str().as_bytes());
-    let plain = |b: &[u8]| !b.iter().any(|c| c.is_ascii_uppercase() || *c == b'@');
-    if plain(scheme) && plain(authority) {
-        return fx_part(fx_part(0, scheme), authority);
+    let mut authority = uri.authority().map_or(&b""[..], |a| a.as_str().as_bytes());
+    if let Some(i) = authority.iter().rposition(|c| *c == b'@') {
+        authority = &authority[i + 1..];
     }
-    // Rare: upper case or userinfo. Normalise into a small buffer.
-    let authority = match authority.iter().rposition(|c| *c == b'@') {
-        Some(i) => &authority[i + 1..],
-        None => authority,
+    // The default port is no port: `https://h` and `https://h:443` are one
+    // host (as `HostId` says).
+    let default_port: &[u8] = match scheme {
+        b"https" | b"wss" => b":443",
+        b"http" | b"ws" => b":80",
+        _ => b"",
     };
-    let mut h = 0;
-    for part in [scheme, authority] {
-        let mut buf = [0u8; 64];
-        let mut chunks = part.chunks(64);
-        let mut parts = 0;
-        for chunk in &mut chunks {
-            for (d, c) in buf.iter_mut().zip(chunk) {
-                *d = c.to_ascii_lowercase();
-            }
-            h = fx(h, &buf[..chunk.len()]);
-            parts += 1;
-        }
-        if parts == 0 {
-            h = fx(h, b"");
-        }
+    if !default_port.is_empty() && authority.ends_with(default_port) {
+        authority = &authority[..authority.len() - default_port.len()];
     }
-    h
+    fx_folded(fx_folded(0, scheme), authority)
 }
 
-/// [`fx`] over `part` in pieces of 64 bytes (as the lower-casing path
-/// hashes them).
-fn fx_part(mut h: u64, part: &[u8]) -> u64 {
-    if part.is_empty() {
-        return fx(h, part);
-    }
-    for chunk in part.chunks(64) {
-        h = fx(h, chunk);
-    }
-    h
-}
-
-/// FxHash's step over `bytes`, 8 at a time, with their length.
-fn fx(mut h: u64, bytes: &[u8]) -> u64 {
+/// FxHash's step over `bytes` with bit 5 of every byte set, 8 at a time,
+/// with their length: ASCII case folded in one OR a word. The characters
+/// of a scheme and an authority (letters, digits, `.-:_~%!$&'()*+,;=[]`)
+/// stay apart but for case: those it maps onto one another (`_` and DEL,
+/// `[` and `{`, …) cannot both be in an authority.
+fn fx_folded(mut h: u64, bytes: &[u8]) -> u64 {
     const K: u64 = 0x517c_c1b7_2722_0a95;
+    const FOLD: u64 = 0x2020_2020_2020_2020;
     let mut chunks = bytes.chunks_exact(8);
     for c in &mut chunks {
         let mut w = [0u8; 8];
         w.copy_from_slice(c);
-        h = (h.rotate_left(5) ^ u64::from_le_bytes(w)).wrapping_mul(K);
+        h = (h.rotate_left(5) ^ (u64::from_le_bytes(w) | FOLD)).wrapping_mul(K);
     }
     let rest = chunks.remainder();
     let mut w = [0u8; 8];
     w[..rest.len()].copy_from_slice(rest);
-    (h.rotate_left(5) ^ u64::from_le_bytes(w) ^ ((bytes.len() as u64) << 56)).wrapping_mul(K)
+    (h.rotate_left(5) ^ (u64::from_le_bytes(w) | FOLD) ^ ((bytes.len() as u64) << 56))
+        .wrapping_mul(K)
 }
 
 #[derive(Default)]
@@ -480,10 +485,69 @@ struct Inner {
     store: Arc<dyn HostStore>,
     config: SharedConfig,
     hosts: Mutex<Hosts>,
-    breaker: Breaker,
+    breaker: Arc<Breaker>,
     table: OnceLock<Weak<HostTable>>,
     watch: OnceLock<tokio::task::AbortHandle>,
+    /// The writer task's queue; the task ends when this is dropped.
+    writer: OnceLock<mpsc::Sender<Write>>,
+    dropped_writes: AtomicU64,
     round_trips: AtomicU64,
+}
+
+/// Writes in the writer task's queue, at most.
+const WRITE_QUEUE: usize = 1024;
+/// Writes the writer task performs at once, at most.
+const WRITES_IN_FLIGHT: usize = 16;
+
+/// A write no request waits for, performed by the writer task.
+enum Write {
+    /// Leased requests not used, given back to the window they came from.
+    GiveBack { id: HostId, n: u64, window: u64 },
+    /// A response's word on the quota.
+    Observe {
+        id: HostId,
+        observation: Observation,
+    },
+    /// A Retry-After pause for the fleet.
+    Pause { id: HostId, pause: Duration },
+    /// Requests sent without a lease (retries inside the stack), taken
+    /// from the shared count.
+    Charge { id: HostId, n: u64 },
+}
+
+impl Write {
+    fn call(self, store: &dyn HostStore) -> StoreFuture<()> {
+        match self {
+            Write::GiveBack { id, n, window } => store.give_back(id, n, window),
+            Write::Observe { id, observation } => store.observe(id, observation),
+            Write::Pause { id, pause } => store.pause(id, pause),
+            Write::Charge { id, n } => {
+                let fut = store.lease(id, n);
+                Box::pin(async move { fut.await.map(drop) })
+            }
+        }
+    }
+}
+
+/// One call to the store, bounded by the call timeout, counted by the
+/// breaker.
+async fn bounded<T>(
+    config: &SharedConfig,
+    breaker: &Breaker,
+    fut: StoreFuture<T>,
+) -> Result<T, StoreError> {
+    let out = match tokio::time::timeout(config.call_timeout, fut).await {
+        Ok(out) => out,
+        Err(_) => Err(StoreError::new(
+            StoreErrorKind::Timeout,
+            format!("no answer within {:?}", config.call_timeout),
+        )),
+    };
+    match &out {
+        Ok(_) => breaker.success(),
+        Err(e) => breaker.failure(config, e),
+    }
+    out
 }
 
 impl Drop for Inner {
@@ -571,14 +635,16 @@ impl SharedState {
                 store,
                 config,
                 hosts: Mutex::new(Hosts::default()),
-                breaker: Breaker {
+                breaker: Arc::new(Breaker {
                     failures: AtomicU32::new(0),
                     open_until: AtomicU64::new(0),
                     warned: AtomicBool::new(false),
                     base: Instant::now(),
-                },
+                }),
                 table: OnceLock::new(),
                 watch: OnceLock::new(),
+                writer: OnceLock::new(),
+                dropped_writes: AtomicU64::new(0),
                 round_trips: AtomicU64::new(0),
             }),
         })
@@ -598,6 +664,12 @@ impl SharedState {
     /// benchmarks.
     pub fn round_trips(&self) -> u64 {
         self.inner.round_trips.load(Ordering::Relaxed)
+    }
+
+    /// Writes (observations, pauses, leases given back) dropped because the
+    /// writer task's queue was full.
+    pub fn dropped_writes(&self) -> u64 {
+        self.inner.dropped_writes.load(Ordering::Relaxed)
     }
 
     /// Share pauses with a [`HostTable`] (a gate's, a client's): a gate of
@@ -630,9 +702,37 @@ impl SharedState {
         self.inner.lock()
     }
 
-    fn start_watch(&self) {
+    /// Start the watch and the writer (once, within a runtime).
+    fn start_tasks(&self) {
         if self.inner.watch.get().is_some() || tokio::runtime::Handle::try_current().is_err() {
             return;
+        }
+        let (tx, rx) = mpsc::channel::<Write>(WRITE_QUEUE);
+        if self.inner.writer.set(tx).is_ok() {
+            // It holds no handle to the state: it ends when the state's
+            // sender is dropped with the state.
+            let store = self.inner.store.clone();
+            let breaker = self.inner.breaker.clone();
+            let config = self.inner.config.clone();
+            tokio::spawn(async move {
+                use futures_util::StreamExt;
+                // Up to WRITES_IN_FLIGHT at a time: a write waits for no
+                // other (an observation behind a slow give-back would be
+                // stale by the time it lands).
+                let writes = futures_util::stream::unfold(rx, |mut rx| async move {
+                    rx.recv().await.map(|write| (write, rx))
+                });
+                writes
+                    .for_each_concurrent(WRITES_IN_FLIGHT, |write| {
+                        let (config, breaker, store) = (&config, &breaker, &store);
+                        async move {
+                            if breaker.allows(Instant::now()) {
+                                let _ = bounded(config, breaker, write.call(&**store)).await;
+                            }
+                        }
+                    })
+                    .await;
+            });
         }
         let weak = Arc::downgrade(&self.inner);
         let task = tokio::spawn(async move {
@@ -706,35 +806,23 @@ impl SharedState {
                 }
             }
         }
-        let fut = self.inner.store.pause(id, pause);
-        self.spawn_call(fut);
+        self.write(Write::Pause { id, pause });
     }
 
-    fn spawn_call(&self, fut: StoreFuture<()>) {
-        if !self.inner.breaker.allows(Instant::now())
-            || tokio::runtime::Handle::try_current().is_err()
-        {
+    /// Queue `write` for the writer task: never waits, never spawns.
+    fn write(&self, write: Write) {
+        if !self.inner.breaker.allows(Instant::now()) {
             return;
         }
-        let this = self.clone();
-        tokio::spawn(async move {
-            let _ = this.call(fut).await;
-        });
+        if let Some(writer) = self.inner.writer.get() {
+            if writer.try_send(write).is_err() {
+                self.inner.dropped_writes.fetch_add(1, Ordering::Relaxed);
+            }
+        }
     }
 
     async fn call<T>(&self, fut: StoreFuture<T>) -> Result<T, StoreError> {
-        let out = match tokio::time::timeout(self.inner.config.call_timeout, fut).await {
-            Ok(out) => out,
-            Err(_) => Err(StoreError::new(
-                StoreErrorKind::Timeout,
-                format!("no answer within {:?}", self.inner.config.call_timeout),
-            )),
-        };
-        match &out {
-            Ok(_) => self.inner.breaker.success(),
-            Err(e) => self.inner.breaker.failure(&self.inner.config, e),
-        }
-        out
+        bounded(&self.inner.config, &self.inner.breaker, fut).await
     }
 
     fn step(&self, key: u64, uri: &Uri, now: Instant) -> Step {
@@ -764,12 +852,14 @@ impl SharedState {
                 hosts.by_table.insert(table_key, key);
                 hosts.by_key.entry(key).or_insert(Entry {
                     id,
+                    quota_id: id,
                     table_key,
                     paused_until,
                     tracked: false,
                     lease: 0,
                     lease_until: now,
                     window_reset: None,
+                    window: 0,
                     out_until: None,
                     want: (config.max_lease / 4).max(1),
                     fetching: false,
@@ -808,8 +898,8 @@ impl SharedState {
             // Expired by its ttl within the window: give it back.
             let n = std::mem::take(&mut e.lease);
             if e.window_reset.is_none_or(|r| r > now) {
-                let fut = self.inner.store.give_back(e.id, n);
-                self.spawn_call(fut);
+                let (id, window) = (e.quota_id, e.window);
+                self.write(Write::GiveBack { id, n, window });
             }
         }
         if let Some(out) = e.out_until {
@@ -836,6 +926,36 @@ impl SharedState {
         Step::Fetch(e.want)
     }
 
+    /// The happy path of [`admit`](Self::admit), with no future: a request
+    /// to a host with a lease in hand (or one the store keeps no quota
+    /// for, answered before) is admitted at once. `None`: anything else
+    /// (no lease, a pause, the host's first request, the state's tasks not
+    /// started yet): call [`admit`](Self::admit).
+    pub fn admit_now(&self, uri: &Uri) -> Option<Admitted> {
+        self.inner.writer.get()?;
+        let key = local_key(uri);
+        let now = Instant::now();
+        let mut hosts = self.lock();
+        let e = hosts.by_key.get_mut(&key)?;
+        if e.paused_until.is_some() {
+            return None;
+        }
+        let due = if e.tracked {
+            if e.lease == 0 || now >= e.lease_until {
+                return None;
+            }
+            e.lease -= 1;
+            e.used += 1;
+            e.observe_due
+        } else if e.seen {
+            true
+        } else {
+            return None;
+        };
+        e.touched = now;
+        Some(Admitted { key, due })
+    }
+
     /// Admit a request to `uri`: at once with a lease in hand (or to a host
     /// the store keeps no quota for), else after taking a lease, waiting
     /// for the shared quota or a pause (bounded by `deadline`, else
@@ -854,7 +974,7 @@ impl SharedState {
         deadline: Option<Instant>,
     ) -> Result<Admitted, Error> {
         let key = local_key(uri);
-        self.start_watch();
+        self.start_tasks();
         loop {
             let now = Instant::now();
             let bound = |t: Instant| {
@@ -938,23 +1058,65 @@ impl SharedState {
 
     /// Read what the response to an admitted request said: its pause
     /// (a 429 with a Retry-After) is published to the fleet; its quota
-    /// headers, when an observation is due, go to the store.
+    /// headers, when an observation is due, go to the store. For a
+    /// response that took one attempt; see
+    /// [`settle_attempts`](Self::settle_attempts).
     pub fn settle(&self, admitted: Admitted, status: StatusCode, headers: &HeaderMap) {
-        let too_many = status == StatusCode::TOO_MANY_REQUESTS;
-        if !admitted.due && !too_many {
+        self.settle_attempts(admitted, status, headers, 1);
+    }
+
+    /// [`settle`](Self::settle) a response that took `attempts` attempts
+    /// ([`Attempts`] of a retry loop below
+    /// this state): the retries went without a lease, so they are the
+    /// host's **lease debt**, taken from the shared count by the writer
+    /// (whatever their answers: a retry's 429 counts like the first
+    /// attempt's). A 429 of a tracked host also ends the lease in hand
+    /// (the server is out; it is not given back) and makes its headers
+    /// the next observation.
+    #[inline]
+    pub fn settle_attempts(
+        &self,
+        admitted: Admitted,
+        status: StatusCode,
+        headers: &HeaderMap,
+        attempts: u32,
+    ) {
+        if !admitted.due && status != StatusCode::TOO_MANY_REQUESTS && attempts <= 1 {
             // A lease in hand and no observation due: nothing to read.
             return;
         }
-        let (id, due, probe) = {
+        self.settle_read(admitted, status, headers, attempts);
+    }
+
+    fn settle_read(
+        &self,
+        admitted: Admitted,
+        status: StatusCode,
+        headers: &HeaderMap,
+        attempts: u32,
+    ) {
+        let too_many = status == StatusCode::TOO_MANY_REQUESTS;
+        let (id, quota_id, due, probe, debt) = {
             let mut hosts = self.lock();
             match hosts.by_key.get_mut(&admitted.key) {
                 Some(e) => {
                     let probe = std::mem::take(&mut e.probing);
                     e.seen = true;
+                    if too_many && e.tracked {
+                        e.lease = 0;
+                        e.observe_due = true;
+                    }
+                    let debt = if e.tracked {
+                        attempts.saturating_sub(1)
+                    } else {
+                        0
+                    };
                     (
                         e.id,
+                        e.quota_id,
                         e.observe_due || !e.tracked,
                         probe.then(|| e.notify.clone()),
+                        debt,
                     )
                 }
                 None => return,
@@ -963,6 +1125,12 @@ impl SharedState {
         // The first answer of a host: those waiting for it go once it is
         // read (below), tracked or not.
         let _wake = probe.map(Wake);
+        if debt > 0 {
+            self.write(Write::Charge {
+                id: quota_id,
+                n: u64::from(debt),
+            });
+        }
         if !due && !too_many {
             return;
         }
@@ -987,12 +1155,22 @@ impl SharedState {
             window: q.window,
             precision: q.precision.granule(),
         };
+        // The quota is the partition's the response named (the IETF
+        // `pk`), if any: a partition of its own in the store.
+        let quota_id = id.with_partition(reading.partition);
         if let Some(e) = self.lock().by_key.get_mut(&admitted.key) {
             e.observe_due = false;
             e.tracked = true;
+            if e.quota_id != quota_id {
+                // Leased from another partition's count: not this one's.
+                e.quota_id = quota_id;
+                e.lease = 0;
+            }
         }
-        let fut = self.inner.store.observe(id, observation);
-        self.spawn_call(fut);
+        self.write(Write::Observe {
+            id: quota_id,
+            observation,
+        });
     }
 }
 
@@ -1024,7 +1202,7 @@ impl Fetching<'_> {
             .lock()
             .by_key
             .get(&self.key)
-            .map_or(HostId(0), |e| e.id)
+            .map_or(HostId(0), |e| e.quota_id)
     }
 
     /// `Ok(true)`: go (the caller took one); `Ok(false)`: ask again.
@@ -1042,9 +1220,14 @@ impl Fetching<'_> {
                 e.observe_due = true;
                 Ok(true)
             }
-            Ok(Lease::Granted { granted, reset_in }) => {
+            Ok(Lease::Granted {
+                granted,
+                reset_in,
+                window,
+            }) => {
                 let reset = reset_in.and_then(|r| now.checked_add(r));
                 e.window_reset = reset;
+                e.window = window;
                 e.observe_due = true;
                 if granted == 0 {
                     e.out_until = Some(reset.unwrap_or(now + PROBE));
@@ -1155,7 +1338,7 @@ where
 {
     type Response = Response<ResB>;
     type Error = Error;
-    type Future = BoxFuture<'static, Result<Response<ResB>, Error>>;
+    type Future = SharedStateFuture<S, ReqB>;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         // The inner service is made ready after admission (a clone).
@@ -1163,19 +1346,115 @@ where
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        let state = self.state.clone();
         let inner = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, inner);
-        Box::pin(async move {
-            let admitted = state
-                .admit(req.method(), req.uri(), Deadline::of(req.extensions()))
-                .await?;
-            let res = tower::ServiceExt::oneshot(inner, req)
-                .await
-                .map_err(|e| Error::from_boxed(e.into()))?;
-            state.settle(admitted, res.status(), res.headers());
-            Ok(res)
-        })
+        let svc = std::mem::replace(&mut self.inner, inner);
+        let state = self.state.clone();
+        let stage = match state.admit_now(req.uri()) {
+            Some(admitted) => Stage::Ready { admitted },
+            None => {
+                let (st, method, uri) = (state.clone(), req.method().clone(), req.uri().clone());
+                let deadline = Deadline::of(req.extensions());
+                Stage::Admitting {
+                    admit: Box::pin(async move { st.admit(&method, &uri, deadline).await }),
+                }
+            }
+        };
+        SharedStateFuture {
+            state,
+            svc,
+            req: Some(req),
+            stage,
+        }
+    }
+}
+
+pin_project! {
+    /// The future of [`SharedStateService`]: no allocation when the
+    /// request is admitted at once ([`SharedState::admit_now`]: a lease in
+    /// hand); one box for an admission that waits or asks the store.
+    pub struct SharedStateFuture<S, ReqB>
+    where
+        S: Service<Request<ReqB>>,
+    {
+        state: SharedState,
+        svc: S,
+        req: Option<Request<ReqB>>,
+        #[pin]
+        stage: Stage<S, ReqB>,
+    }
+}
+
+pin_project! {
+    #[project = StageProj]
+    enum Stage<S, ReqB>
+    where
+        S: Service<Request<ReqB>>,
+    {
+        Admitting {
+            admit: BoxFuture<'static, Result<Admitted, Error>>,
+        },
+        Ready {
+            admitted: Admitted,
+        },
+        Calling {
+            #[pin]
+            fut: S::Future,
+            admitted: Admitted,
+        },
+        Done,
+    }
+}
+
+impl<S, ReqB> fmt::Debug for SharedStateFuture<S, ReqB>
+where
+    S: Service<Request<ReqB>>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedStateFuture").finish_non_exhaustive()
+    }
+}
+
+impl<S, ReqB, ResB> Future for SharedStateFuture<S, ReqB>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
+    S::Error: Into<BoxError>,
+{
+    type Output = Result<Response<ResB>, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.stage.as_mut().project() {
+                StageProj::Admitting { admit } => match ready!(admit.as_mut().poll(cx)) {
+                    Ok(admitted) => this.stage.set(Stage::Ready { admitted }),
+                    Err(e) => {
+                        this.stage.set(Stage::Done);
+                        return Poll::Ready(Err(e));
+                    }
+                },
+                StageProj::Ready { admitted } => {
+                    let admitted = *admitted;
+                    if let Err(e) = ready!(this.svc.poll_ready(cx)) {
+                        this.stage.set(Stage::Done);
+                        return Poll::Ready(Err(Error::from_boxed(e.into())));
+                    }
+                    let req = this.req.take().expect("a request until it is sent");
+                    let fut = this.svc.call(req);
+                    this.stage.set(Stage::Calling { fut, admitted });
+                }
+                StageProj::Calling { fut, admitted } => {
+                    let admitted = *admitted;
+                    let out = ready!(fut.poll(cx));
+                    this.stage.set(Stage::Done);
+                    let res = out.map_err(|e| Error::from_boxed(e.into()))?;
+                    let attempts = Attempts::of(res.extensions());
+                    this.state
+                        .settle_attempts(admitted, res.status(), res.headers(), attempts);
+                    return Poll::Ready(Ok(res));
+                }
+                StageProj::Done => panic!("SharedStateFuture polled after completion"),
+            }
+        }
     }
 }
 
@@ -1203,6 +1482,9 @@ mod tests {
             key("https://api.example:8443/")
         );
         assert_ne!(key("https://a.example/"), key("https://b.example/"));
+        assert_eq!(key("https://api.example/"), key("https://api.example:443/"));
+        assert_eq!(key("http://api.example/"), key("http://api.example:80/"));
+        assert_ne!(key("http://api.example/"), key("http://api.example:443/"));
         let long = format!("https://{}.example/", "x".repeat(100));
         assert_eq!(
             key(&long),
@@ -1218,7 +1500,7 @@ mod tests {
             fn lease(&self, _: HostId, _: u64) -> StoreFuture<Lease> {
                 Box::pin(std::future::pending())
             }
-            fn give_back(&self, _: HostId, _: u64) -> StoreFuture<()> {
+            fn give_back(&self, _: HostId, _: u64, _: u64) -> StoreFuture<()> {
                 Box::pin(std::future::pending())
             }
             fn observe(&self, _: HostId, _: Observation) -> StoreFuture<()> {
@@ -1254,7 +1536,7 @@ mod tests {
             fn lease(&self, _: HostId, _: u64) -> StoreFuture<Lease> {
                 Box::pin(std::future::pending())
             }
-            fn give_back(&self, _: HostId, _: u64) -> StoreFuture<()> {
+            fn give_back(&self, _: HostId, _: u64, _: u64) -> StoreFuture<()> {
                 Box::pin(std::future::pending())
             }
             fn observe(&self, _: HostId, _: Observation) -> StoreFuture<()> {
@@ -1300,5 +1582,80 @@ mod tests {
             assert!(t.elapsed() <= Duration::from_millis(5));
         }
         assert_eq!(refused, 4);
+    }
+
+    /// Requests spawn nothing: their writes go to the one writer task,
+    /// whose queue drops (and counts) what does not fit; the watch and the
+    /// writer end with the last clone of the state. Counted by the
+    /// runtime's own count of live tasks; paused time.
+    #[tokio::test(start_paused = true)]
+    async fn requests_spawn_no_task_and_the_tasks_end_with_the_state() {
+        /// Grants leases at once; every write hangs (to its bound), so a
+        /// spawned write would stay alive and show in the count.
+        #[derive(Debug)]
+        struct Hangs;
+        impl HostStore for Hangs {
+            fn lease(&self, _: HostId, want: u64) -> StoreFuture<Lease> {
+                Box::pin(async move {
+                    Ok(Lease::Granted {
+                        granted: want,
+                        reset_in: Some(Duration::from_millis(50)),
+                        window: 1,
+                    })
+                })
+            }
+            fn give_back(&self, _: HostId, _: u64, _: u64) -> StoreFuture<()> {
+                Box::pin(std::future::pending())
+            }
+            fn observe(&self, _: HostId, _: Observation) -> StoreFuture<()> {
+                Box::pin(std::future::pending())
+            }
+            fn pause(&self, _: HostId, _: Duration) -> StoreFuture<()> {
+                Box::pin(std::future::pending())
+            }
+            fn watch(&self, _: PauseSink) -> StoreFuture<()> {
+                Box::pin(std::future::pending())
+            }
+        }
+        let metrics = tokio::runtime::Handle::current().metrics();
+        let before = metrics.num_alive_tasks();
+        // Never opens: the hanging writes would otherwise switch it off.
+        let config = SharedConfig::new()
+            .failures_to_open(u32::MAX)
+            .call_timeout(Duration::from_secs(1));
+        let state = SharedState::new(Arc::new(Hangs), config);
+        let uri: Uri = "https://api.example/".parse().unwrap();
+        let mut ok = HeaderMap::new();
+        ok.insert("x-ratelimit-remaining-requests", "1000".parse().unwrap());
+        ok.insert("x-ratelimit-reset-requests", "1s".parse().unwrap());
+        let mut paused = ok.clone();
+        paused.insert("retry-after", "1".parse().unwrap());
+        for i in 0..3000u32 {
+            let a = state.admit(&Method::GET, &uri, None).await.unwrap();
+            if i % 100 == 99 {
+                state.settle(a, StatusCode::TOO_MANY_REQUESTS, &paused);
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            } else {
+                state.settle(a, StatusCode::OK, &ok);
+            }
+        }
+        tokio::task::yield_now().await;
+        // The watch and the writer, nothing per request.
+        assert_eq!(metrics.num_alive_tasks(), before + 2);
+        // The writer hangs on each write for its bound: the rest queue,
+        // and are dropped and counted once the queue is full.
+        assert!(state.dropped_writes() > 0);
+
+        drop(state);
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        // The writer ends once it has drained its queue (each write cut
+        // by its bound).
+        tokio::time::sleep(Duration::from_secs(WRITE_QUEUE as u64 + 10)).await;
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(metrics.num_alive_tasks(), before);
     }
 }

@@ -31,8 +31,10 @@ pub trait HostStore: Send + Sync + fmt::Debug + 'static {
     fn lease(&self, host: HostId, want: u64) -> StoreFuture<Lease>;
 
     /// Give `n` leased requests that were not used back to `host`'s quota
-    /// (never above its limit).
-    fn give_back(&self, host: HostId, n: u64) -> StoreFuture<()>;
+    /// (never above its limit), if its window is still `window` (the
+    /// [`Lease::Granted`] they came in): a give-back that arrives after
+    /// the window reset is ignored, since the count was refilled.
+    fn give_back(&self, host: HostId, n: u64, window: u64) -> StoreFuture<()>;
 
     /// What a response of `host` said of its request quota.
     fn observe(&self, host: HostId, observation: Observation) -> StoreFuture<()>;
@@ -58,6 +60,10 @@ pub enum Lease {
         granted: u64,
         /// Time to the reset of the window they belong to, if known.
         reset_in: Option<Duration>,
+        /// The store's name for that window (Redis's: its reset, in ms of
+        /// its clock; 0 when the reset is unknown), for
+        /// [`HostStore::give_back`].
+        window: u64,
     },
 }
 
@@ -170,6 +176,19 @@ impl HostId {
         eat(b':');
         for b in port.to_be_bytes() {
             eat(b);
+        }
+        HostId(h)
+    }
+
+    /// The id of the quota of `partition` (a partition key as
+    /// [`ratelimit::parse`](crate::ratelimit::parse) hashes it: FNV-1a,
+    /// stable across builds) at this host; the host's own for `None`.
+    pub fn with_partition(self, partition: Option<u64>) -> HostId {
+        let Some(pk) = partition else { return self };
+        let mut h = self.0;
+        for b in std::iter::once(b'#').chain(pk.to_be_bytes()) {
+            h ^= u128::from(b);
+            h = h.wrapping_mul(FNV_PRIME);
         }
         HostId(h)
     }
