@@ -589,6 +589,7 @@ impl Pacer {
     /// Retry-After gate is checked before the pacer: a request it fails
     /// fast names the quota and its reset, as with the layers stacked as
     /// documented (the pacer outside the gate).
+    #[cfg(feature = "stack")]
     pub(crate) fn out_past(
         &self,
         now: Instant,
