@@ -595,8 +595,12 @@ pub(crate) fn settle(
 ) -> Option<QuotaSignal> {
     if !parse::has_fields(headers) {
         // Nothing said (the happy path): no reading to make, nothing on
-        // the span; the pacer settles the ticket with an empty reading,
-        // as `read` would have made (and a 429 is still a signal).
+        // the span. Nothing reserved either, and not a 429 (no signal):
+        // the ticket only leaves the in-flight counts. Otherwise the pacer
+        // settles it with an empty reading, as `read` would have made.
+        if status != StatusCode::TOO_MANY_REQUESTS && ticket.settle_unread() {
+            return None;
+        }
         return Pacer::settle_ticket(ticket, Instant::now, key, status, &Reading::EMPTY);
     }
     let mut reading = parse::read_with(headers, status, || match clock {

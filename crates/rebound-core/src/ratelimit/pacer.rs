@@ -184,6 +184,25 @@ impl Ticket {
     pub fn pacer(&self) -> &Arc<Pacer> {
         &self.pacer
     }
+
+    /// Settle a ticket whose response says nothing and that reserved
+    /// nothing (not registered with a host): out of the in-flight counts,
+    /// all [`Pacer::settle_ticket`] would do with an empty reading and no
+    /// 429. `false` (nothing done) for a registered ticket.
+    #[inline]
+    pub(crate) fn settle_unread(&mut self) -> bool {
+        if self.reg.is_some() {
+            return false;
+        }
+        if std::mem::take(&mut self.live) {
+            for (d, c) in self.costs.iter().enumerate() {
+                if *c > 0 {
+                    self.pacer.inflight[d].fetch_sub(*c, Ordering::Relaxed);
+                }
+            }
+        }
+        true
+    }
 }
 
 impl Drop for Ticket {

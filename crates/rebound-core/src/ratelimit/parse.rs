@@ -328,22 +328,28 @@ struct Fields<'a> {
 /// table.
 #[inline]
 fn slot_of(n: &str) -> Option<usize> {
-    let b = n.as_bytes();
-    if b.len() < 9 {
-        return None;
-    }
-    let ours = match b[0] {
-        b'r' => b.starts_with(b"ratelimit") || b.starts_with(b"retry-after"),
-        b'x' => {
-            b.starts_with(b"x-ratelimit-") || n == "x-ms-retry-after-ms" || n == "x-should-retry"
-        }
-        b'a' => b.starts_with(b"anthropic-ratelimit-"),
-        _ => false,
-    };
-    if !ours {
+    if !may_be_ours(n.as_bytes()) {
         return None;
     }
     NAMES.iter().position(|k| *k == n)
+}
+
+/// Whether a header name may be one of [`NAMES`]: its length and first
+/// bytes (every name in the table passes; most others fail on the first
+/// byte, without a comparison with the table).
+#[inline(always)]
+fn may_be_ours(b: &[u8]) -> bool {
+    if b.len() < 9 {
+        return false;
+    }
+    match b[0] {
+        b'r' => b.starts_with(b"ratelimit") || b.starts_with(b"retry-after"),
+        b'x' => {
+            b.starts_with(b"x-ratelimit-") || b == b"x-ms-retry-after-ms" || b == b"x-should-retry"
+        }
+        b'a' => b.starts_with(b"anthropic-ratelimit-"),
+        _ => false,
+    }
 }
 
 /// Whether `headers` hold any header a reader reads: one pass over the
@@ -351,7 +357,11 @@ fn slot_of(n: &str) -> Option<usize> {
 /// response without rate-limit headers costs.
 #[inline]
 pub(crate) fn has_fields(headers: &HeaderMap) -> bool {
-    headers.keys().any(|name| slot_of(name.as_str()).is_some())
+    // A name that passes the first bytes is nearly always ours (the
+    // reader looks it up in the table); no table search here.
+    headers
+        .keys()
+        .any(|name| may_be_ours(name.as_str().as_bytes()))
 }
 
 impl<'a> Fields<'a> {
