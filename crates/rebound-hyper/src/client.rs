@@ -2201,8 +2201,11 @@ mod sizes {
         // Already past glibc's 1,032-byte tcache either way. 1,448 since
         // issues 20 and 22 together: the loop's transparent-retry flag
         // (gRFC A6) and the throttle's "admitted" flag each fit in padding
-        // alone, not both.
-        assert!(future <= 1_448, "the client's future is {future} bytes");
+        // alone, not both. 1,472 since the adaptive slot is held until
+        // the body ends (issue 22): the slot of the attempt whose response
+        // is on its way up (permit and limiter, 24 bytes) until the body
+        // takes it.
+        assert!(future <= 1_472, "the client's future is {future} bytes");
         assert!(response <= 648, "Response<ClientBody> is {response} bytes");
         assert!(error <= 8, "Error is {error} bytes");
     }

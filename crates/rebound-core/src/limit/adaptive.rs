@@ -91,11 +91,17 @@
 //! [`Deadline`], left at once when the future is dropped), or with
 //! [`AdaptiveLimitLayer::backpressure`] reserved in `poll_ready` (see the
 //! [`limit` module docs](super#backpressure)), and released when
-//! the **response head** arrives: the limit is about attempts, and its
-//! signal (the status) comes with the head. Holding it through the body
-//! would make the limit measure how fast the caller reads, and a retry
-//! layer that drains a discarded body would hold it for nothing; the
+//! the **response head** arrives: this layer sits below the retry layer,
+//! whose drain of a discarded body would hold it for nothing; the
 //! concurrency limit above holds the logical request until its body ends.
+//! The whole-stack service (and so the ready-made client) knows which
+//! response goes to the caller, and **holds that attempt's slot until its
+//! body ends or is dropped** (a retried attempt's slot goes back at once):
+//! an upstream still streaming a body is still busy with it. The outcome
+//! (and the gradient's round-trip time) is recorded when the head arrives
+//! all the same: time to the head is the upstream's queue and service,
+//! where time to the body's end would also measure how fast the caller
+//! reads.
 //!
 //! Observe it with [`AdaptiveLimiter::current_limit`]; every change is also
 //! a `DEBUG` event with the field `current_limit` (and a
@@ -397,14 +403,17 @@ pub struct AdaptiveLimiter {
     current: AtomicUsize,
     /// Mirror of `state.epoch`, read when a slot is taken.
     epoch: AtomicU64,
+    /// Permits in use that must be forgotten, not returned, when released.
+    /// Added to and paid under the lock; a release takes one off without
+    /// it (a slot held by a response body gives its permit back on its
+    /// own, after its outcome was recorded).
+    debt: AtomicUsize,
     queued: AtomicUsize,
 }
 
 #[derive(Debug)]
 struct LimitState {
     limit: usize,
-    /// Permits in use that must be forgotten, not returned, when released.
-    debt: usize,
     /// Successes in the current growth window.
     successes: usize,
     /// How much the next full growth window adds: 1 after an overload and
@@ -464,7 +473,6 @@ impl AdaptiveLimiter {
             semaphore: Arc::new(Semaphore::new(initial)),
             state: Mutex::new(LimitState {
                 limit: initial,
-                debt: 0,
                 successes: 0,
                 step: 1,
                 probe_above: 0,
@@ -476,6 +484,7 @@ impl AdaptiveLimiter {
             base: Instant::now(),
             current: AtomicUsize::new(initial),
             epoch: AtomicU64::new(0),
+            debt: AtomicUsize::new(0),
             queued: AtomicUsize::new(0),
         })
     }
@@ -521,12 +530,13 @@ impl AdaptiveLimiter {
     }
 
     /// Attempts in flight right now (between taking a slot and the response
-    /// head), counting a slot just handed to the oldest waiter. Can exceed
+    /// head, or its body's end in the whole-stack service), counting a slot just handed to the oldest waiter. Can exceed
     /// [`current_limit`](Self::current_limit) for a while after a decrease:
     /// attempts in flight are never cut, the excess is not handed out again.
     pub fn in_flight(&self) -> usize {
         let st = self.lock();
-        (st.limit + st.debt).saturating_sub(self.semaphore.available_permits())
+        (st.limit + self.debt.load(Ordering::Acquire))
+            .saturating_sub(self.semaphore.available_permits())
     }
 
     /// Slots free right now.
@@ -572,30 +582,59 @@ impl AdaptiveLimiter {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Pay up to `n` of the debt; how much was paid.
+    fn pay_debt(&self, n: usize) -> usize {
+        let mut paid = 0;
+        // Never fails: the closure always returns `Some`.
+        let _ = self
+            .debt
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |d| {
+                paid = n.min(d);
+                Some(d - paid)
+            });
+        paid
+    }
+
+    /// Give a slot's permit back, or forget it against the debt. No lock:
+    /// one atomic load while there is no debt.
+    fn release(&self, permit: OwnedSemaphorePermit) {
+        let owed = self
+            .debt
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |d| d.checked_sub(1));
+        if owed.is_ok() {
+            permit.forget();
+        } else {
+            drop(permit);
+        }
+    }
+
     /// Record the outcome of an attempt that took its slot in `epoch` (at
     /// `started`, a [`stamp`](Self::stamp), for the gradient), then give
     /// the slot back.
     fn finish(&self, permit: OwnedSemaphorePermit, epoch: u64, started: u64, outcome: Outcome) {
+        self.record(epoch, started, outcome);
+        self.release(permit);
+    }
+
+    /// Record the outcome of an attempt that took its slot in `epoch` (at
+    /// `started`, a [`stamp`](Self::stamp), for the gradient), its slot
+    /// still held (counted in flight).
+    fn record(&self, epoch: u64, started: u64, outcome: Outcome) {
         // Happy path, without the lock: a success at the maximum changes
-        // nothing, and at the maximum there is no debt (debt never exceeds
-        // `max - limit`: a decrease of `e` adds at most `e`, growth pays it
-        // first). Racing a decrease, this returns a permit the decrease
-        // counted as debt: the semaphore still holds `limit + debt` permits,
-        // so the debt is paid by the next release instead (one attempt more
-        // may start meanwhile), never lost.
+        // nothing (the release that follows reads the debt without it).
         if outcome == Outcome::Success && self.current.load(Ordering::Acquire) >= self.fast_max {
-            drop(permit);
             return;
         }
         let mut st = self.lock();
         let before = st.limit;
         // Attempts in flight, this one included.
-        let in_flight = (st.limit + st.debt).saturating_sub(self.semaphore.available_permits());
+        let in_flight = (st.limit + self.debt.load(Ordering::Acquire))
+            .saturating_sub(self.semaphore.available_permits());
         let aimd = match &self.algorithm {
             Algorithm::Aimd(aimd) => aimd,
             Algorithm::Gradient(g) => {
                 self.gradient_outcome(&mut st, g, epoch, started, in_flight, outcome);
-                self.give_back(st, permit, before);
+                self.report(st, before);
                 return;
             }
         };
@@ -650,14 +689,13 @@ impl AdaptiveLimiter {
                     if st.limit > st.probe_above {
                         st.step = (st.step * 2).min((st.limit / 2).max(1));
                     }
-                    let paid = grow.min(st.debt);
-                    st.debt -= paid;
+                    let paid = self.pay_debt(grow);
                     self.semaphore.add_permits(grow - paid);
                 }
             }
             _ => {}
         }
-        self.give_back(st, permit, before);
+        self.report(st, before);
     }
 
     /// The gradient's part of [`finish`](Self::finish).
@@ -704,26 +742,13 @@ impl AdaptiveLimiter {
         } else if target > st.limit {
             let grow = target - st.limit;
             st.limit = target;
-            let paid = grow.min(st.debt);
-            st.debt -= paid;
+            let paid = self.pay_debt(grow);
             self.semaphore.add_permits(grow - paid);
         }
     }
 
-    /// Give `permit` back (or forget it against the debt) and report a
-    /// change of the limit from `before`.
-    fn give_back(
-        &self,
-        mut st: MutexGuard<'_, LimitState>,
-        permit: OwnedSemaphorePermit,
-        before: usize,
-    ) {
-        if st.debt > 0 {
-            st.debt -= 1;
-            permit.forget();
-        } else {
-            drop(permit);
-        }
+    /// Report a change of the limit from `before`.
+    fn report(&self, st: MutexGuard<'_, LimitState>, before: usize) {
         let after = st.limit;
         let ms = |ns: u64| (ns > 0).then(|| ns as f64 / 1e6);
         let (min_rtt, sample_rtt) = st
@@ -773,7 +798,7 @@ impl AdaptiveLimiter {
                 Err(_) => break,
             }
         }
-        st.debt += excess;
+        self.debt.fetch_add(excess, Ordering::AcqRel);
     }
 }
 
@@ -824,6 +849,43 @@ impl Slot {
             self.limiter
                 .finish(permit, self.epoch, self.started, outcome);
         }
+    }
+
+    /// Record the outcome now, and keep the permit until the returned
+    /// holder is dropped.
+    #[cfg(feature = "stack")]
+    fn record(mut self, outcome: Outcome) -> HeldSlot {
+        let permit = self.permit.take();
+        self.limiter.record(self.epoch, self.started, outcome);
+        HeldSlot {
+            permit,
+            limiter: self.limiter.clone(),
+        }
+    }
+}
+
+/// An attempt's slot whose outcome is recorded, its permit still held (by
+/// the response body, in the whole-stack service): given back when
+/// dropped.
+#[cfg(feature = "stack")]
+pub(crate) struct HeldSlot {
+    permit: Option<OwnedSemaphorePermit>,
+    limiter: Arc<AdaptiveLimiter>,
+}
+
+#[cfg(feature = "stack")]
+impl Drop for HeldSlot {
+    fn drop(&mut self) {
+        if let Some(permit) = self.permit.take() {
+            self.limiter.release(permit);
+        }
+    }
+}
+
+#[cfg(feature = "stack")]
+impl fmt::Debug for HeldSlot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HeldSlot").finish_non_exhaustive()
     }
 }
 
@@ -1236,11 +1298,12 @@ impl AttemptSlot {
         }
     }
 
-    /// Feed the attempt's outcome into the limit and give the slot back;
-    /// the outcome shows the limiter's state off the happy path (the
-    /// attempt queued, or overloaded the upstream), as [`AdaptiveLimit`]'s
-    /// does.
-    pub(crate) fn settle<B>(self, out: &mut Result<Response<B>, Error>) {
+    /// Feed the attempt's outcome into the limit, keeping the slot (the
+    /// caller gives it back by dropping what this returns: the whole-stack
+    /// service hands it to the response body); the outcome shows the
+    /// limiter's state off the happy path (the attempt queued, or
+    /// overloaded the upstream), as [`AdaptiveLimit`]'s does.
+    pub(crate) fn settle<B>(self, out: &mut Result<Response<B>, Error>) -> HeldSlot {
         let AttemptSlot { slot, queued } = self;
         let limiter = slot.limiter.clone();
         let outcome = match out {
@@ -1248,7 +1311,7 @@ impl AttemptSlot {
             Err(err) => outcome_of_error(err),
         };
         let before = (queued || outcome == Outcome::Overload).then(|| limiter.state());
-        slot.finish(outcome);
+        let held = slot.record(outcome);
         if let Some(state) = before {
             let state = limiter.after(state);
             match out {
@@ -1256,5 +1319,6 @@ impl AttemptSlot {
                 Err(err) => err.extensions_mut().insert(state),
             };
         }
+        held
     }
 }

@@ -57,7 +57,7 @@
 //!
 //! * What stays: the concurrency limit's permit is held until the response
 //!   body ends ([`LimitBody`]); the adaptive limit's slot until the response
-//!   head, and its outcome feeds the limit; a request whose `poll_ready`
+//!   head (in the layer; its body's end in the whole-stack service), and its outcome feeds the limit; a request whose `poll_ready`
 //!   had to wait carries its permit down as a
 //!   [`PermitLease`](crate::annotations::PermitLease) and shows the
 //!   limiter's state, as one that queued in the future does.
@@ -108,11 +108,11 @@ mod gradient;
 #[cfg(any(feature = "breaker", feature = "retry-after"))]
 pub mod per_host;
 
-#[cfg(feature = "stack")]
-pub(crate) use self::adaptive::AttemptSlot;
 pub use self::adaptive::{
     AdaptiveLimit, AdaptiveLimitLayer, AdaptiveLimiter, Aimd, Algorithm, Gradient,
 };
+#[cfg(feature = "stack")]
+pub(crate) use self::adaptive::{AttemptSlot, HeldSlot};
 pub use self::concurrency::{
     ConcurrencyLimit, ConcurrencyLimitLayer, ConcurrencyLimiter, LimitBody,
 };

@@ -17,6 +17,7 @@ use crate::annotations::Sent;
 use crate::body_timeout::{BodyTimeouts, BodyTimer, TimedError};
 use crate::collect::CollectedBody;
 use crate::error::{BoxError, Error, ErrorKind, TimeoutStage};
+use crate::limit::HeldSlot;
 use crate::redact::RequestName;
 use crate::shutdown::OpenBody;
 use crate::trace::{BodyWatch, Config as TraceConfig};
@@ -203,6 +204,8 @@ pin_project! {
         inner: Payload<B>,
         timer: BodyTimer,
         permit: Option<OwnedSemaphorePermit>,
+        // The adaptive limit's slot of the attempt that answered.
+        slot: Option<HeldSlot>,
         // Counted by a shutdown until the body ends.
         open: Option<OpenBody>,
         // `None` once a failure has been logged.
@@ -244,6 +247,7 @@ where
             inner,
             timer: BodyTimer::new(timeouts).deadline(deadline),
             permit,
+            slot: None,
             open,
             watch,
             cfg: None,
@@ -251,6 +255,15 @@ where
             errors: body.errors,
             grpc: false,
         }
+    }
+
+    /// Hold the adaptive limit's slot of the attempt that answered until
+    /// the body ends (none for a body already over).
+    pub(crate) fn holding_slot(mut self, slot: Option<HeldSlot>) -> Self {
+        if !self.inner.is_end_stream() {
+            self.slot = slot;
+        }
+        self
     }
 
     /// Record the status in this body's trailers (a committed gRPC call's),
@@ -265,6 +278,12 @@ impl<B> StackBody<B> {
     /// Whether this body still holds a concurrency permit.
     pub fn holds_permit(&self) -> bool {
         self.permit.is_some()
+    }
+
+    /// Whether this body still holds the adaptive limit's slot of the
+    /// attempt that answered (until it ends or is dropped).
+    pub fn holds_slot(&self) -> bool {
+        self.slot.is_some()
     }
 
     /// Whether this body still counts in a shutdown (its guard).
@@ -293,7 +312,7 @@ impl<B> StackBody<B> {
         }
     }
 
-    /// Unwrap the inner body (the permit and the shutdown guard go back,
+    /// Unwrap the inner body (the permits and the shutdown guard go back,
     /// and neither the timeouts, the deadline nor the failure log apply
     /// any more); `None` for a body read inside the attempt.
     pub fn into_inner(self) -> Option<B> {
@@ -301,7 +320,7 @@ impl<B> StackBody<B> {
     }
 
     /// Unwrap the inner body with its shutdown guard, for a wrapper that
-    /// goes on counting it (the permit goes back; the timeouts, the
+    /// goes on counting it (the permit and the adaptive slot go back; the timeouts, the
     /// deadline and the failure log no longer apply); `None` for a body
     /// read inside the attempt.
     pub fn into_stream(self) -> Option<(B, Option<OpenBody>)> {
@@ -317,6 +336,7 @@ impl<B> fmt::Debug for StackBody<B> {
         f.debug_struct("StackBody")
             .field("timer", &self.timer)
             .field("holds_permit", &self.permit.is_some())
+            .field("holds_slot", &self.slot.is_some())
             .field("holds_shutdown", &self.open.is_some())
             .field("request", &self.request)
             .finish_non_exhaustive()
@@ -399,6 +419,7 @@ where
         };
         if over {
             drop(this.permit.take());
+            drop(this.slot.take());
             drop(this.open.take());
         }
         Poll::Ready(match frame {

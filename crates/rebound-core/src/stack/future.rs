@@ -37,7 +37,7 @@ use crate::error::{BoxError, Error, TimeoutStage};
 use crate::fallback::{Routes, Served};
 use crate::gate::{close_after, throttled_named, wait_open, GateMode};
 use crate::host::HostRef;
-use crate::limit::AttemptSlot;
+use crate::limit::{AttemptSlot, HeldSlot};
 use crate::ratelimit::{exhausted, settle, Admit, Cost, Ticket};
 use crate::reconcile::{OperationId, ReconcileHook};
 use crate::redact::RequestName;
@@ -245,6 +245,10 @@ struct Req<S, B: RetryBody, C> {
     // When the closing gate started holding the attempt in flight.
     attempt_held_since: Option<Instant>,
     slot: Option<AttemptSlot>,
+    // The adaptive slot of the attempt whose streamed response is on its
+    // way up: its outcome is recorded, and the response body holds it
+    // until it ends (dropped if the attempt is retried).
+    held_slot: Option<HeldSlot>,
     // The throttle counted this attempt (with its host's `key`): the
     // accept is counted when it is judged.
     throttled: bool,
@@ -337,6 +341,7 @@ where
             held_since: None,
             attempt_held_since: None,
             slot: None,
+            held_slot: None,
             throttled: false,
             track: None,
             stage: TimeoutStage::Headers,
@@ -832,7 +837,14 @@ where
             }
         }
         if let Some(slot) = r.slot.take() {
-            slot.settle(&mut out);
+            let held = slot.settle(&mut out);
+            // Held until the body ends, for a streamed body with bytes left
+            // (the upstream is still sending); else given back now.
+            let streams = matches!(&out, Ok(res)
+                if matches!(res.body(), Payload::Stream { .. }) && !res.body().is_end_stream());
+            if streams {
+                r.held_slot = Some(held);
+            }
         }
         if let Some(since) = r.attempt_held_since.take() {
             ext_of(&mut out).insert(GateWait(since.elapsed()));
@@ -902,6 +914,9 @@ where
         match replay.decide(out) {
             Decision::Return(out) => Self::loop_done(r, out),
             Decision::Retry { until, drain, held } => {
+                // The discarded response's slot goes back now, not after
+                // its drain.
+                r.held_slot = None;
                 // Wake first at the end of the drain window, if it ends
                 // before the sleep does.
                 let first = match &drain {
@@ -935,6 +950,7 @@ where
                     // This route's outcome replaces the last one: let go
                     // of it now (its connection).
                     drop(out);
+                    r.held_slot = None;
                     r.served = Some(served);
                     r.operation = None;
                     // Another route, another host: its own key.
@@ -1048,6 +1064,7 @@ impl<S, B: RetryBody, C> Req<S, B, C> {
                     && !res.headers().contains_key(crate::grpc::GRPC_STATUS);
                 Ok(res.map(|body| {
                     StackBody::new(body, deadline, permit, open, watch, name, cfg)
+                        .holding_slot(self.held_slot.take())
                         .watching_grpc(grpc)
                 }))
             }
