@@ -17,6 +17,16 @@ use tokio::time::{timeout, Instant};
 
 const BOUND: Duration = Duration::from_secs(20);
 
+/// A request failed by the pacer: `QuotaExhausted`, not sent, not
+/// retried, its `QuotaReset` at least `reset_after` away.
+fn failed_fast_naming_the_reset(err: &rebound::Error, reset_after: Duration) {
+    assert_eq!(err.kind(), ErrorKind::QuotaExhausted, "{err}");
+    assert_eq!(err.extensions().get::<Sent>(), Some(&Sent::NotSent));
+    assert_ne!(err.retry_stop(), Some(RetryStop::Attempts), "not retried");
+    let reset = err.extensions().get::<QuotaReset>().expect("the reset");
+    assert!(reset.at > Instant::now() + reset_after);
+}
+
 #[tokio::test]
 async fn the_default_client_waits_for_an_announced_reset_instead_of_a_429() {
     let server = FaultServer::builder()
@@ -72,11 +82,7 @@ async fn a_daily_quota_fails_the_next_request_at_once_not_sent_unless_pacing_is_
         .await
         .unwrap()
         .unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::QuotaExhausted, "{err}");
-    assert_eq!(err.extensions().get::<Sent>(), Some(&Sent::NotSent));
-    assert_ne!(err.retry_stop(), Some(RetryStop::Attempts), "not retried");
-    let reset = err.extensions().get::<QuotaReset>().expect("the reset");
-    assert!(reset.at > Instant::now() + Duration::from_secs(86_000));
+    failed_fast_naming_the_reset(&err, Duration::from_secs(86_000));
     assert_eq!(server.requests().len(), 1, "not sent");
 
     // Control: with pacing off, the same server gets the second request.
@@ -284,11 +290,7 @@ async fn a_quota_exceeded_problem_fails_the_next_request_naming_the_reset() {
         .await
         .unwrap()
         .unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::QuotaExhausted, "{err}");
-    assert_eq!(err.extensions().get::<Sent>(), Some(&Sent::NotSent));
-    assert_ne!(err.retry_stop(), Some(RetryStop::Attempts), "not retried");
-    let reset = err.extensions().get::<QuotaReset>().expect("the reset");
-    assert!(reset.at > Instant::now() + Duration::from_secs(3_600));
+    failed_fast_naming_the_reset(&err, Duration::from_secs(3_600));
     let hint = err.extensions().get::<RetryAfterHint>().expect("a hint");
     assert!(hint.0 > Duration::from_secs(3_600));
     assert_eq!(server.snapshot().received, received, "not sent");
