@@ -8,6 +8,7 @@
 //! cargo bench --bench ratelimit            # 10 windows per row (~10 s each)
 //! cargo bench --bench ratelimit -- --quick # 2 windows per row
 //! cargo bench --bench ratelimit -- --daily # the daily-quota table only
+//! cargo bench --bench ratelimit -- --tokens # the token table only
 //! ```
 //!
 //! Columns, per client row: what the server received and how many of
@@ -213,6 +214,8 @@ struct TokenRow {
     /// Charged in windows `0..windows` (the run's).
     tokens_in_run: u64,
     run_windows: u64,
+    /// The server's 429s in each window.
+    rejected_per_window: Vec<u64>,
 }
 
 async fn run_tokens(
@@ -278,6 +281,7 @@ async fn run_tokens(
         tokens_used: snap.tokens_used,
         tokens_in_run: in_run(&snap.windows, windows, |w| w.tokens_used),
         run_windows: u64::from(windows),
+        rejected_per_window: snap.windows.iter().map(|w| w.rejected).collect(),
     })
 }
 
@@ -303,6 +307,10 @@ fn print_tokens(rows: &[TokenRow]) {
             100.0 * r.tokens_in_run as f64 / (TOKENS * r.run_windows) as f64,
             r.tokens_used - r.tokens_in_run,
         );
+    }
+    println!("\nthe server's 429s per window:");
+    for r in rows {
+        println!("  {:<34} {:?}", r.name, r.rejected_per_window);
     }
 }
 
@@ -395,6 +403,7 @@ fn main() -> ExitCode {
     let quick = std::env::args().any(|a| a == "--quick");
     let windows = if quick { 2 } else { 10 };
     let daily_only = std::env::args().any(|a| a == "--daily");
+    let tokens_only = std::env::args().any(|a| a == "--tokens");
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -405,8 +414,17 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if tokens_only {
+        return match token_quotas(&rt, windows) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(code) => code,
+        };
+    }
     if !daily_only {
         if let Err(code) = quotas(&rt, windows) {
+            return code;
+        }
+        if let Err(code) = token_quotas(&rt, windows) {
             return code;
         }
     }
@@ -430,7 +448,11 @@ fn quotas(rt: &tokio::runtime::Runtime, windows: u32) -> Result<(), ExitCode> {
         }
     }
     print(&rows);
+    Ok(())
+}
 
+/// The token table (`-- --tokens` runs it alone).
+fn token_quotas(rt: &tokio::runtime::Runtime, windows: u32) -> Result<(), ExitCode> {
     println!(
         "\n{CALLERS} callers, {TOKENS} tokens per {WINDOW:?} window, {windows} windows per row \
          (OpenAI headers; costs 100-500 tokens, estimated 0.7-1.3x)"
