@@ -230,7 +230,46 @@ impl IdempotencyKey {
     pub fn is_blank(value: &HeaderValue) -> bool {
         value.as_bytes().iter().all(|b| matches!(b, b' ' | b'\t'))
     }
+
+    /// Whether a request with these `headers` and `extensions` carries a key
+    /// **the server can see**: an `Idempotency-Key` header that is not blank,
+    /// or an [`IdempotencyKey`] annotation that is not blank and whose value
+    /// one of the request's headers carries (the idempotency-key layer's
+    /// header may have another name, such as `X-Idempotency-Key`).
+    ///
+    /// An annotation alone, with no header carrying its value, is **no
+    /// key**: the server could not tell a repeat from a new request, so a
+    /// write must not be sent twice on its strength (put the idempotency-key
+    /// layer above the retry layer: it copies the annotation into the
+    /// header). The header wins over the annotation: it is what the server
+    /// sees, so a blank header is no key whatever the annotation says.
+    ///
+    /// ```
+    /// use http::{HeaderMap, HeaderValue};
+    /// use rebound_core::IdempotencyKey;
+    ///
+    /// let key = HeaderValue::from_static("k-1");
+    /// let mut ext = http::Extensions::new();
+    /// ext.insert(IdempotencyKey(key.clone()));
+    /// // The annotation alone: the server would see no key.
+    /// assert!(!IdempotencyKey::is_seen(&HeaderMap::new(), &ext));
+    /// // The annotation and a header carrying it.
+    /// let mut headers = HeaderMap::new();
+    /// headers.insert("x-idempotency-key", key);
+    /// assert!(IdempotencyKey::is_seen(&headers, &ext));
+    /// ```
+    pub fn is_seen(headers: &http::HeaderMap, extensions: &Extensions) -> bool {
+        match headers.get(IDEMPOTENCY_KEY) {
+            Some(v) => !Self::is_blank(v),
+            None => extensions
+                .get::<IdempotencyKey>()
+                .is_some_and(|k| !Self::is_blank(&k.0) && headers.values().any(|v| v == k.0)),
+        }
+    }
 }
+
+/// The standard header name of an idempotency key.
+const IDEMPOTENCY_KEY: http::HeaderName = http::HeaderName::from_static("idempotency-key");
 
 impl fmt::Debug for IdempotencyKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -287,14 +287,40 @@ async fn post_with_an_empty_idempotency_key_is_not_retried() {
 
 #[tokio::test(start_paused = true)]
 async fn post_with_idempotency_key_annotation_is_retried() {
+    // The annotation and a header carrying its value (the idempotency-key
+    // layer's, here under another name): the server can see the key.
     let mock = MockService::new()
         .respond(Reply::code(502))
         .respond(Reply::code(200));
     let mut r = req(Method::POST);
     r.extensions_mut()
         .insert(rebound_core::IdempotencyKey("k".parse().unwrap()));
+    r.headers_mut()
+        .insert("x-idempotency-key", http::HeaderValue::from_static("k"));
     stack(&mock).oneshot(r).await.unwrap();
     assert_eq!(mock.call_count(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn post_with_an_idempotency_key_annotation_the_server_cannot_see_is_sent_once() {
+    // The annotation alone, no header carrying it (no idempotency-key layer
+    // above): a repeat would reach the server without a key, so the POST is
+    // sent once.
+    let mock = MockService::new()
+        .respond(Reply::code(502))
+        .otherwise(Reply::code(200));
+    let mut r = req(Method::POST);
+    r.extensions_mut()
+        .insert(rebound_core::IdempotencyKey("k".parse().unwrap()));
+    r.headers_mut()
+        .insert("x-other", http::HeaderValue::from_static("not-k"));
+    let res = stack(&mock).oneshot(r).await.unwrap();
+    assert_eq!(res.status(), StatusCode::BAD_GATEWAY);
+    assert_eq!(
+        res.extensions().get::<RetryStop>(),
+        Some(&RetryStop::NotEligible)
+    );
+    assert_eq!(mock.call_count(), 1);
 }
 
 fn connect_refused() -> BoxError {

@@ -78,8 +78,8 @@
 //! [`eligible_methods`](HedgePolicy::eligible_methods)), an
 //! [`Idempotent`] annotation (which gRPC's
 //! `MarkRetryableLayer` puts on calls to the methods declared safe), a non-blank
-//! `Idempotency-Key` header or [`IdempotencyKey`] annotation **that the
-//! caller chose** (so every copy carries the **same** key: it is part of
+//! `Idempotency-Key` header or [`IdempotencyKey`] annotation (one the
+//! server can see: [`IdempotencyKey::is_seen`]) **that the caller chose** (so every copy carries the **same** key: it is part of
 //! the head every copy is made from; a key the idempotency-key layer made,
 //! marked [`KeyGenerated`](crate::KeyGenerated), makes a write retryable
 //! but not hedgeable unless
@@ -162,7 +162,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::header::HeaderName;
 use http::{Method, Request, Response};
 use tokio::time::Instant;
 use tower_layer::Layer;
@@ -173,8 +172,6 @@ use crate::annotations::{AttemptNumber, Deadline, IdempotencyKey, Idempotent};
 use crate::body::CloneableBody;
 use crate::error::{BoxError, Error};
 use crate::retry::RetryBudget;
-
-const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 
 /// The most copies [`HedgePolicy::max_attempts`] accepts (gRFC A6's cap).
 pub const MAX_HEDGED_ATTEMPTS: u32 = 5;
@@ -536,13 +533,7 @@ impl Shared {
         // A blank key is no key, as for the retry layer: what the server
         // sees is the header, so a blank header is no key whatever the
         // annotation says.
-        let keyed = match req.headers().get(IDEMPOTENCY_KEY) {
-            Some(v) => !IdempotencyKey::is_blank(v),
-            None => req
-                .extensions()
-                .get::<IdempotencyKey>()
-                .is_some_and(|k| !IdempotencyKey::is_blank(&k.0)),
-        };
+        let keyed = IdempotencyKey::is_seen(req.headers(), req.extensions());
         // A key the client made is the caller's only if asked.
         let keyed = keyed
             && (policy.generated_keys

@@ -58,9 +58,12 @@
 //! 2. the request is eligible: its method is in the
 //!    [policy](RetryPolicy::eligible_methods) (GET, HEAD, OPTIONS, TRACE,
 //!    PUT, DELETE by default), or it carries an
-//!    [`IdempotencyKey`] annotation or an
+//!    key the server can see ([`IdempotencyKey::is_seen`]): an
 //!    `Idempotency-Key` header that is not blank
-//!    ([`IdempotencyKey::is_blank`]: empty or only whitespace is no key),
+//!    ([`IdempotencyKey::is_blank`]: empty or only whitespace is no key), or
+//!    an [`IdempotencyKey`] annotation whose value a header carries (an
+//!    annotation alone is no key: put the idempotency-key layer above this
+//!    one, it copies the annotation into the header),
 //!    or the verdict says
 //!    [`Sent::NotSent`](crate::Sent);
 //! 3. attempts remain ([`RetryPolicy::max_attempts`], 3 by default; a
@@ -141,7 +144,6 @@ use std::fmt;
 use std::mem;
 use std::task::{Context, Poll};
 
-use http::header::HeaderName;
 use http::{Request, Response};
 use tower_layer::Layer;
 use tower_service::Service;
@@ -154,8 +156,6 @@ pub use self::policy::{RetryPolicy, MAX_ATTEMPTS};
 use crate::annotations::{Deadline, IdempotencyKey, Idempotent};
 use crate::body::RetryBody;
 use crate::error::{BoxError, Error};
-
-const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 
 // ===== layer =====
 
@@ -310,16 +310,9 @@ where
 
 /// Whether a request with these parts may be sent again after it may have
 /// been processed: an eligible method, an [`Idempotent`] mark, or an
-/// idempotency key that is not blank (the header wins over the annotation:
-/// it is what the server sees).
+/// idempotency key the server can see ([`IdempotencyKey::is_seen`]).
 pub(crate) fn is_idempotent(policy: &RetryPolicy, parts: &http::request::Parts) -> bool {
     policy.is_eligible_method(&parts.method)
         || parts.extensions.get::<Idempotent>().is_some()
-        || match parts.headers.get(IDEMPOTENCY_KEY) {
-            Some(v) => !IdempotencyKey::is_blank(v),
-            None => parts
-                .extensions
-                .get::<IdempotencyKey>()
-                .is_some_and(|k| !IdempotencyKey::is_blank(&k.0)),
-        }
+        || IdempotencyKey::is_seen(&parts.headers, &parts.extensions)
 }

@@ -87,10 +87,11 @@ impl fmt::Debug for MethodSet {
 ///   the policy.
 /// * eligible methods: those that may be retried after the request may have
 ///   been processed. Default: GET, HEAD, OPTIONS, TRACE, PUT, DELETE (the
-///   idempotent methods of RFC 9110). A request with an
-///   [`IdempotencyKey`](crate::annotations::IdempotencyKey) annotation or an
-///   `Idempotency-Key` header is eligible whatever its method (unless the
-///   key is [blank](crate::annotations::IdempotencyKey::is_blank)), and so is any
+///   idempotent methods of RFC 9110). A request with an idempotency key
+///   the server can see
+///   ([`IdempotencyKey::is_seen`](crate::annotations::IdempotencyKey::is_seen):
+///   a non-blank `Idempotency-Key` header, or an annotation whose value a
+///   header carries) is eligible whatever its method, and so is any
 ///   request whose verdict says [`Sent::NotSent`](crate::annotations::Sent).
 ///
 /// # Clone
