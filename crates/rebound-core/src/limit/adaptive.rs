@@ -409,6 +409,13 @@ pub struct AdaptiveLimiter {
     /// own, after its outcome was recorded).
     debt: AtomicUsize,
     queued: AtomicUsize,
+    /// The `HostLimiters` use counter at this
+    /// limiter's last use (for its eviction order; 0 elsewhere).
+    #[cfg_attr(
+        not(any(feature = "breaker", feature = "retry-after")),
+        allow(dead_code)
+    )]
+    pub(super) last_use: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -486,6 +493,7 @@ impl AdaptiveLimiter {
             epoch: AtomicU64::new(0),
             debt: AtomicUsize::new(0),
             queued: AtomicUsize::new(0),
+            last_use: AtomicU64::new(0),
         })
     }
 
