@@ -767,3 +767,9 @@ thread_local! {
 
 #[cfg(all(test, feature = "breaker", feature = "retry-after"))]
 mod tests;
+
+/// Keys computed on this thread so far (tests only).
+#[cfg(test)]
+pub(crate) fn keys_hashed() -> usize {
+    KEYS.with(std::cell::Cell::get)
+}

@@ -185,9 +185,13 @@
 //! for the baseline). Netflix's limits 20–200 are kept, with the minimum
 //! lowered to 1 as for AIMD (below).
 //!
-//! **Cost.** The gradient reads the clock when a slot is taken and when it
-//! is given back, and takes the limiter's mutex for a few updates on every
-//! success (AIMD at its maximum takes none): see BENCHMARKS.md.
+//! **Cost.** The gradient reads the clock when a slot is taken (the
+//! whole-stack service reuses the read that arms the attempt's timer) and
+//! when the response head arrives (no clock read is made there otherwise on
+//! the happy path). A success inside an update window only adds to the
+//! window's atomics (its time, its count, the peak in flight): no lock.
+//! The success that closes a window (one per 100 ms) and every sample while
+//! the minimum is measured take the limiter's mutex. See BENCHMARKS.md.
 //!
 //! # Errors
 //!
@@ -213,7 +217,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 pub use super::gradient::Gradient;
-use super::gradient::{GradientState, Move};
+use super::gradient::{GradientState, Move, Window};
 use super::{wait_permit, Reservation, WaitPermit};
 use crate::annotations::{Deadline, LimiterState, Reason, Verdict};
 use crate::error::{BoxError, Error, ErrorKind, TimeoutStage};
@@ -399,6 +403,11 @@ pub struct AdaptiveLimiter {
     fast_max: usize,
     /// The gradient's slot stamps count from here.
     base: Instant,
+    /// The gradient's update window, filled without the lock (unused for
+    /// AIMD).
+    window: Window,
+    /// The gradient's update interval in ns (0 for AIMD).
+    update_ns: u64,
     /// Mirror of `state.limit`, readable without the lock.
     current: AtomicUsize,
     /// Mirror of `state.epoch`, read when a slot is taken.
@@ -409,6 +418,13 @@ pub struct AdaptiveLimiter {
     /// own, after its outcome was recorded).
     debt: AtomicUsize,
     queued: AtomicUsize,
+    /// The `HostLimiters` use counter at this
+    /// limiter's last use (for its eviction order; 0 elsewhere).
+    #[cfg_attr(
+        not(any(feature = "breaker", feature = "retry-after")),
+        allow(dead_code)
+    )]
+    pub(super) last_use: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -465,9 +481,13 @@ impl AdaptiveLimiter {
         let algorithm = algorithm.into();
         algorithm.validate()?;
         let initial = algorithm.initial_limit();
-        let (fast_max, gradient) = match &algorithm {
-            Algorithm::Aimd(a) => (a.max, None),
-            Algorithm::Gradient(g) => (usize::MAX, Some(Box::new(GradientState::new(g)))),
+        let (fast_max, gradient, update_ns) = match &algorithm {
+            Algorithm::Aimd(a) => (a.max, None, 0),
+            Algorithm::Gradient(g) => (
+                usize::MAX,
+                Some(Box::new(GradientState::new(g))),
+                g.update_ns(),
+            ),
         };
         Ok(AdaptiveLimiter {
             semaphore: Arc::new(Semaphore::new(initial)),
@@ -482,10 +502,13 @@ impl AdaptiveLimiter {
             algorithm,
             fast_max,
             base: Instant::now(),
+            window: Window::default(),
+            update_ns,
             current: AtomicUsize::new(initial),
             epoch: AtomicU64::new(0),
             debt: AtomicUsize::new(0),
             queued: AtomicUsize::new(0),
+            last_use: AtomicU64::new(0),
         })
     }
 
@@ -571,9 +594,23 @@ impl AdaptiveLimiter {
 
     /// Now, as ns since the limiter's base plus one (8 bytes in a slot,
     /// where an `Option<Instant>` takes 16).
+    #[inline]
     fn stamp(&self, now: Instant) -> u64 {
-        let ns = now.saturating_duration_since(self.base).as_nanos();
-        u64::try_from(ns).unwrap_or(u64::MAX - 1) + 1
+        // In u64 arithmetic (no u128 `as_nanos`): 584 years of ns.
+        let d = now.saturating_duration_since(self.base);
+        d.as_secs()
+            .saturating_mul(1_000_000_000)
+            .saturating_add(u64::from(d.subsec_nanos()))
+            .min(u64::MAX - 1)
+            + 1
+    }
+
+    /// Attempts in flight, without the lock (from the limit's mirror: may
+    /// lag a change in progress by its size).
+    #[inline]
+    fn in_flight_now(&self) -> usize {
+        (self.current.load(Ordering::Acquire) + self.debt.load(Ordering::Acquire))
+            .saturating_sub(self.semaphore.available_permits())
     }
 
     fn lock(&self) -> MutexGuard<'_, LimitState> {
@@ -625,6 +662,23 @@ impl AdaptiveLimiter {
         if outcome == Outcome::Success && self.current.load(Ordering::Acquire) >= self.fast_max {
             return;
         }
+        // The gradient's happy path, without the lock either: a success
+        // inside an update window only adds to the window.
+        let mut end = None;
+        if outcome == Outcome::Success && self.update_ns > 0 {
+            if started == 0 {
+                return;
+            }
+            let now = self.stamp(Instant::now());
+            let rtt = now.saturating_sub(started);
+            if self
+                .window
+                .add(now, rtt, self.update_ns, || self.in_flight_now())
+            {
+                return;
+            }
+            end = Some(now);
+        }
         let mut st = self.lock();
         let before = st.limit;
         // Attempts in flight, this one included.
@@ -633,7 +687,7 @@ impl AdaptiveLimiter {
         let aimd = match &self.algorithm {
             Algorithm::Aimd(aimd) => aimd,
             Algorithm::Gradient(g) => {
-                self.gradient_outcome(&mut st, g, epoch, started, in_flight, outcome);
+                self.gradient_outcome(&mut st, g, (epoch, started, end), in_flight, outcome);
                 self.report(st, before);
                 return;
             }
@@ -703,8 +757,7 @@ impl AdaptiveLimiter {
         &self,
         st: &mut LimitState,
         g: &Gradient,
-        epoch: u64,
-        started: u64,
+        (epoch, started, end): (u64, u64, Option<u64>),
         in_flight: usize,
         outcome: Outcome,
     ) {
@@ -719,9 +772,10 @@ impl AdaptiveLimiter {
                 if started == 0 {
                     return;
                 }
-                let now = self.stamp(Instant::now());
+                let now = end.unwrap_or_else(|| self.stamp(Instant::now()));
                 let rtt = now.saturating_sub(started);
-                match state.sample(g, (now, rtt), (epoch, current), in_flight, limit) {
+                let window = &self.window;
+                match state.sample(g, window, (now, rtt), (epoch, current), in_flight, limit) {
                     Move::Stay => return,
                     Move::To(target) => target,
                 }

@@ -2,6 +2,7 @@
 //! settings and its state. The formula and the defaults are in the
 //! [`adaptive` module docs](super::adaptive#the-gradient-algorithm).
 
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use rand::rngs::SmallRng;
@@ -140,7 +141,7 @@ impl Gradient {
         self
     }
 
-    fn update_ns(&self) -> u64 {
+    pub(crate) fn update_ns(&self) -> u64 {
         u64::try_from(self.update_interval.as_nanos()).unwrap_or(u64::MAX)
     }
 
@@ -213,6 +214,69 @@ struct Probe {
     count: usize,
 }
 
+/// The current update window's samples, accumulated without the
+/// limiter's lock: a success inside a window is two atomic adds (and a
+/// load of the peak); only the success that closes the window (and every
+/// success while the minimum is measured) takes the lock.
+///
+/// Under concurrency a sample added while another thread closes the window
+/// may have its time counted in one window and its count in the next: the
+/// mean of either moves by at most one sample's share, and a window never
+/// has a count of zero (the closing sample counts in it).
+#[derive(Debug, Default)]
+pub(crate) struct Window {
+    /// When the window started (ns since the limiter's base, plus one);
+    /// 0: no window yet (the first success starts it, under the lock).
+    start: AtomicU64,
+    sum_ns: AtomicU64,
+    count: AtomicU64,
+    /// Most attempts in flight seen in the window.
+    peak: AtomicUsize,
+    /// The minimum is being measured: every sample takes the lock.
+    probing: AtomicBool,
+}
+
+impl Window {
+    /// Add a success that ended at `now` after `rtt` (ns), with
+    /// `in_flight()` attempts in flight, if the window is open and not due
+    /// (`update_ns` long); `false`: take the lock and
+    /// [`close`](GradientState::close) it.
+    #[inline]
+    pub(crate) fn add(
+        &self,
+        now: u64,
+        rtt: u64,
+        update_ns: u64,
+        in_flight: impl FnOnce() -> usize,
+    ) -> bool {
+        let start = self.start.load(Ordering::Acquire);
+        if start == 0
+            || now.saturating_sub(start) >= update_ns
+            || self.probing.load(Ordering::Acquire)
+        {
+            return false;
+        }
+        self.sum_ns.fetch_add(rtt.max(1), Ordering::AcqRel);
+        self.count.fetch_add(1, Ordering::AcqRel);
+        let n = in_flight();
+        if n > self.peak.load(Ordering::Acquire) {
+            self.peak.fetch_max(n, Ordering::AcqRel);
+        }
+        true
+    }
+
+    /// Empty the window and start the next one at `now`: its samples'
+    /// total time, count and peak.
+    fn take(&self, now: u64) -> (u64, u64, usize) {
+        self.start.store(now, Ordering::Release);
+        (
+            self.sum_ns.swap(0, Ordering::AcqRel),
+            self.count.swap(0, Ordering::AcqRel),
+            self.peak.swap(0, Ordering::AcqRel),
+        )
+    }
+}
+
 /// The gradient's state, under the limiter's lock.
 #[derive(Debug)]
 pub(crate) struct GradientState {
@@ -222,13 +286,6 @@ pub(crate) struct GradientState {
     pub(crate) min_rtt: u64,
     /// The last window's round-trip time (ns); 0: none yet.
     pub(crate) sample_rtt: u64,
-    /// Times are ns since the limiter's base (plain integers: no `Instant`
-    /// arithmetic on the happy path).
-    window_start: Option<u64>,
-    sum_ns: u128,
-    count: usize,
-    /// Most attempts in flight seen in the window.
-    peak: usize,
     next_probe: Option<u64>,
     probe: Option<Probe>,
     rng: SmallRng,
@@ -247,10 +304,6 @@ impl GradientState {
             estimate: g.initial as f64,
             min_rtt: 0,
             sample_rtt: 0,
-            window_start: None,
-            sum_ns: 0,
-            count: 0,
-            peak: 0,
             next_probe: None,
             probe: None,
             rng: match g.seed {
@@ -276,10 +329,15 @@ impl GradientState {
 
     /// A successful attempt that ended at `now` after `rtt` (ns), of
     /// generation `epoch` (the limit's being `current`), with `in_flight`
-    /// attempts in flight (it included) and the limit at `limit`.
+    /// attempts in flight (it included) and the limit at `limit`, that
+    /// [`Window::add`] did not take: the window's first sample, the one
+    /// that closes it, or a sample of a measurement of the minimum. Times
+    /// are ns since the limiter's base (plain integers: no `Instant`
+    /// arithmetic on the happy path).
     pub(crate) fn sample(
         &mut self,
         g: &Gradient,
+        w: &Window,
         (now, rtt): (u64, u64),
         (epoch, current): (u64, u64),
         in_flight: usize,
@@ -299,20 +357,26 @@ impl GradientState {
             let probe = self.probe.take().expect("probing");
             self.min_rtt = (probe.sum_ns / probe.count as u128).max(1) as u64;
             self.schedule_probe(g, now);
-            self.reset_window(now);
+            w.take(now);
+            w.probing.store(false, Ordering::Release);
             self.estimate = probe.saved as f64;
             return Move::To(probe.saved);
         }
-        let start = *self.window_start.get_or_insert(now);
-        self.sum_ns += u128::from(ns);
-        self.count += 1;
-        self.peak = self.peak.max(in_flight);
-        if now.saturating_sub(start) < g.update_ns() {
+        let start = w.start.load(Ordering::Acquire);
+        if start == 0 || now.saturating_sub(start) < g.update_ns() {
+            // The first sample (it starts the window), or one that another
+            // thread's close overtook: added as the happy path adds.
+            if start == 0 {
+                w.start.store(now, Ordering::Release);
+            }
+            w.sum_ns.fetch_add(ns, Ordering::AcqRel);
+            w.count.fetch_add(1, Ordering::AcqRel);
+            w.peak.fetch_max(in_flight, Ordering::AcqRel);
             return Move::Stay;
         }
-        let sample = (self.sum_ns / self.count as u128).max(1) as u64;
-        let peak = self.peak;
-        self.reset_window(now);
+        let (sum, count, peak) = w.take(now);
+        let sample = ((u128::from(sum) + u128::from(ns)) / u128::from(count + 1)).max(1) as u64;
+        let peak = peak.max(in_flight);
         self.sample_rtt = sample;
         // The minimum from live traffic: a window faster than it lowers it.
         if self.min_rtt == 0 || sample < self.min_rtt {
@@ -330,17 +394,11 @@ impl GradientState {
                 sum_ns: 0,
                 count: 0,
             });
+            w.probing.store(true, Ordering::Release);
             self.next_probe = None;
             return Move::To(to);
         }
         Move::To(self.update(g, sample, peak))
-    }
-
-    fn reset_window(&mut self, now: u64) {
-        self.window_start = Some(now);
-        self.sum_ns = 0;
-        self.count = 0;
-        self.peak = 0;
     }
 
     /// The new limit after a window of round-trip time `sample` (ns).

@@ -698,16 +698,13 @@ where
         }
         if from != Step::Call && r.slot.is_none() {
             // Per host: the limiter of the request's host, by the key the
-            // gate and the breaker use (computed once per request).
-            let host = if r.cfg.adaptive_hosts.is_some() {
-                let key = *r.key.get_or_insert_with(|| HostRef::of(req.uri()).key());
-                r.cfg
-                    .adaptive_hosts
-                    .as_ref()
-                    .map(|hosts| hosts.for_key(key))
-            } else {
-                None
-            };
+            // gate and the breaker use (computed once per request, or
+            // found with the limiter in the thread's cache).
+            let host = r
+                .cfg
+                .adaptive_hosts
+                .as_ref()
+                .map(|hosts| hosts.lookup(req.uri(), &mut r.key));
             if let Some(limiter) = host.as_ref().or(r.cfg.adaptive.as_ref()) {
                 match limiter.try_slot() {
                     Some(slot) => r.slot = Some(slot),
