@@ -479,6 +479,62 @@ struct Hosts {
     by_table: Keyed<u64, u64>,
     /// Pauses of hosts not called yet.
     pending: Keyed<HostId, Instant>,
+    /// The host of the last request admitted at once, as it was spelt.
+    last: LastHost,
+}
+
+/// A host's scheme and authority as a request spelt them, beside its
+/// [`local_key`]: a request spelling them alike (the usual case: one
+/// client, one base URL) compares its bytes instead of hashing them.
+/// Authorities longer than [`LastHost::MAX`] are not kept.
+struct LastHost {
+    key: u64,
+    scheme: u8,
+    len: u8,
+    authority: [u8; LastHost::MAX],
+}
+
+impl Default for LastHost {
+    fn default() -> Self {
+        LastHost {
+            key: 0,
+            // No scheme is spelt `0`: an empty cell matches nothing.
+            scheme: 0,
+            len: 0,
+            authority: [0; LastHost::MAX],
+        }
+    }
+}
+
+impl LastHost {
+    const MAX: usize = 46;
+
+    /// A scheme as one byte: `1` https, `2` http, `3` any other (not kept).
+    fn scheme(uri: &Uri) -> u8 {
+        match uri.scheme_str() {
+            Some("https") => 1,
+            Some("http") => 2,
+            _ => 3,
+        }
+    }
+
+    /// `uri`'s key: the kept one when it spells the same host, else
+    /// [`local_key`] (kept for the next request).
+    fn key(&mut self, uri: &Uri) -> u64 {
+        let scheme = Self::scheme(uri);
+        let authority = uri.authority().map_or(&b""[..], |a| a.as_str().as_bytes());
+        if scheme == self.scheme && authority == &self.authority[..usize::from(self.len)] {
+            return self.key;
+        }
+        let key = local_key(uri);
+        if scheme != 3 && authority.len() <= Self::MAX {
+            self.key = key;
+            self.scheme = scheme;
+            self.len = authority.len() as u8;
+            self.authority[..authority.len()].copy_from_slice(authority);
+        }
+        key
+    }
 }
 
 struct Inner {
@@ -933,9 +989,10 @@ impl SharedState {
     /// started yet): call [`admit`](Self::admit).
     pub fn admit_now(&self, uri: &Uri) -> Option<Admitted> {
         self.inner.writer.get()?;
-        let key = local_key(uri);
         let now = Instant::now();
         let mut hosts = self.lock();
+        let hosts = &mut *hosts;
+        let key = hosts.last.key(uri);
         let e = hosts.by_key.get_mut(&key)?;
         if e.paused_until.is_some() {
             return None;
@@ -1340,31 +1397,36 @@ where
     type Error = Error;
     type Future = SharedStateFuture<S, ReqB>;
 
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        // The inner service is made ready after admission (a clone).
-        Poll::Ready(Ok(()))
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // Ready when the inner service is: a request admitted at once (a
+        // lease in hand) is its call, with no clone of it.
+        self.inner
+            .poll_ready(cx)
+            .map_err(|e| Error::from_boxed(e.into()))
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        let inner = self.inner.clone();
-        let svc = std::mem::replace(&mut self.inner, inner);
         let state = self.state.clone();
         let stage = match state.admit_now(req.uri()) {
-            Some(admitted) => Stage::Ready { admitted },
+            Some(admitted) => Stage::Calling {
+                fut: self.inner.call(req),
+                admitted,
+            },
             None => {
+                // The wait takes a clone, made ready after admission: the
+                // ready one stays for the next call (what it holds, e.g. a
+                // permit of a limit below, is not held through the wait).
+                let svc = self.inner.clone();
                 let (st, method, uri) = (state.clone(), req.method().clone(), req.uri().clone());
                 let deadline = Deadline::of(req.extensions());
                 Stage::Admitting {
                     admit: Box::pin(async move { st.admit(&method, &uri, deadline).await }),
+                    svc: Some(svc),
+                    req: Some(req),
                 }
             }
         };
-        SharedStateFuture {
-            state,
-            svc,
-            req: Some(req),
-            stage,
-        }
+        SharedStateFuture { state, stage }
     }
 }
 
@@ -1377,8 +1439,8 @@ pin_project! {
         S: Service<Request<ReqB>>,
     {
         state: SharedState,
-        svc: S,
-        req: Option<Request<ReqB>>,
+        // The request is in the stage before the call: the future is as
+        // large as the larger of the request and the inner future, not both.
         #[pin]
         stage: Stage<S, ReqB>,
     }
@@ -1392,9 +1454,13 @@ pin_project! {
     {
         Admitting {
             admit: BoxFuture<'static, Result<Admitted, Error>>,
+            svc: Option<S>,
+            req: Option<Request<ReqB>>,
         },
         Ready {
             admitted: Admitted,
+            svc: S,
+            req: Option<Request<ReqB>>,
         },
         Calling {
             #[pin]
@@ -1425,21 +1491,25 @@ where
         let mut this = self.project();
         loop {
             match this.stage.as_mut().project() {
-                StageProj::Admitting { admit } => match ready!(admit.as_mut().poll(cx)) {
-                    Ok(admitted) => this.stage.set(Stage::Ready { admitted }),
+                StageProj::Admitting { admit, svc, req } => match ready!(admit.as_mut().poll(cx)) {
+                    Ok(admitted) => {
+                        let req = req.take();
+                        let svc = svc.take().expect("a service until it is ready");
+                        this.stage.set(Stage::Ready { admitted, svc, req });
+                    }
                     Err(e) => {
                         this.stage.set(Stage::Done);
                         return Poll::Ready(Err(e));
                     }
                 },
-                StageProj::Ready { admitted } => {
+                StageProj::Ready { admitted, svc, req } => {
                     let admitted = *admitted;
-                    if let Err(e) = ready!(this.svc.poll_ready(cx)) {
+                    if let Err(e) = ready!(svc.poll_ready(cx)) {
                         this.stage.set(Stage::Done);
                         return Poll::Ready(Err(Error::from_boxed(e.into())));
                     }
-                    let req = this.req.take().expect("a request until it is sent");
-                    let fut = this.svc.call(req);
+                    let req = req.take().expect("a request until it is sent");
+                    let fut = svc.call(req);
                     this.stage.set(Stage::Calling { fut, admitted });
                 }
                 StageProj::Calling { fut, admitted } => {
@@ -1490,6 +1560,30 @@ mod tests {
             key(&long),
             key(&long.to_uppercase().replace("HTTPS", "https"))
         );
+    }
+
+    #[test]
+    fn the_last_host_gives_each_spelling_its_own_key() {
+        let mut last = LastHost::default();
+        for u in [
+            "https://api.example/a",
+            "https://api.example/b",
+            "http://api.example/",
+            "https://API.example/",
+            "https://b.example/",
+            "https://api.example:8443/",
+            "https://api.example/",
+            "grpc://api.example/",
+            "grpc://api.example/",
+        ] {
+            let uri: Uri = u.parse().unwrap();
+            assert_eq!(last.key(&uri), local_key(&uri), "{u}");
+        }
+        let long: Uri = format!("https://{}.example/", "x".repeat(60))
+            .parse()
+            .unwrap();
+        assert_eq!(last.key(&long), local_key(&long));
+        assert_eq!(last.key(&long), local_key(&long));
     }
 
     #[test]
