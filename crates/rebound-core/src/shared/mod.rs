@@ -110,7 +110,9 @@
 //! [`call_timeout`](SharedConfig::call_timeout) (5 ms by default). A
 //! failed or timed-out call counts against a breaker; after
 //! [`failures_to_open`](SharedConfig::failures_to_open) (2) in a row the
-//! breaker opens: the store is not called for
+//! breaker opens (failures within one call timeout of the last one counted
+//! are one: calls in flight together time out together when the process is
+//! not scheduled for a few ms): the store is not called for
 //! [`probe_interval`](SharedConfig::probe_interval) (500 ms), then one
 //! call probes it; a success rejoins. While open, requests use local state
 //! only (the pacer, the local gates) — **fail-open**, the default — or,
@@ -230,7 +232,9 @@ impl SharedConfig {
         self
     }
 
-    /// Failed calls in a row that open the breaker. Default 2.
+    /// Failed calls in a row that open the breaker (failures within one
+    /// [`call_timeout`](Self::call_timeout) of the last one counted count
+    /// once). Default 2.
     pub fn failures_to_open(mut self, n: u32) -> Self {
         self.failures_to_open = n;
         self
@@ -318,6 +322,12 @@ impl SharedConfig {
 #[derive(Debug)]
 struct Breaker {
     failures: AtomicU32,
+    /// ns since `base` of the last failure counted in `failures`.
+    last_failure: AtomicU64,
+    /// Calls failed or timed out, in all.
+    failed: AtomicU64,
+    /// Times the breaker opened, in all.
+    openings: AtomicU64,
     /// ns since `base` until which the store is not called; 0: closed.
     open_until: AtomicU64,
     warned: AtomicBool,
@@ -352,8 +362,29 @@ impl Breaker {
     }
 
     fn failure(&self, config: &SharedConfig, err: &StoreError) {
+        self.failed.fetch_add(1, Ordering::Relaxed);
+        // Failures within one call timeout of the last one counted are one
+        // hiccup, not several in a row: calls in flight together (the
+        // writer's, the lease takes) time out together when the process is
+        // not scheduled for a few ms, and that is no reason to stop sharing.
+        let now = self.ns(Instant::now());
+        let step = u64::try_from(config.call_timeout.as_nanos()).unwrap_or(u64::MAX);
+        let last = self.last_failure.load(Ordering::Acquire);
+        if last != 0 && now.saturating_sub(last) < step {
+            return;
+        }
+        if self
+            .last_failure
+            .compare_exchange(last, now, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return;
+        }
         let n = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
         if n >= config.failures_to_open {
+            if self.open_until.load(Ordering::Acquire) == 0 {
+                self.openings.fetch_add(1, Ordering::Relaxed);
+            }
             let until = self.ns(Instant::now() + config.probe_interval);
             self.open_until.store(until, Ordering::Release);
             if !self.warned.swap(true, Ordering::AcqRel) {
@@ -693,6 +724,9 @@ impl SharedState {
                 hosts: Mutex::new(Hosts::default()),
                 breaker: Arc::new(Breaker {
                     failures: AtomicU32::new(0),
+                    last_failure: AtomicU64::new(0),
+                    failed: AtomicU64::new(0),
+                    openings: AtomicU64::new(0),
                     open_until: AtomicU64::new(0),
                     warned: AtomicBool::new(false),
                     base: Instant::now(),
@@ -714,6 +748,18 @@ impl SharedState {
     /// Whether the store is in use now (its breaker is closed).
     pub fn is_available(&self) -> bool {
         !self.inner.breaker.is_open()
+    }
+
+    /// Calls to the store that failed or timed out, in all (for
+    /// benchmarks and metrics).
+    pub fn store_failures(&self) -> u64 {
+        self.inner.breaker.failed.load(Ordering::Relaxed)
+    }
+
+    /// Times the breaker around the store opened (the state fell back to
+    /// local state), in all.
+    pub fn fallbacks(&self) -> u64 {
+        self.inner.breaker.openings.load(Ordering::Relaxed)
     }
 
     /// Calls made to the store that a request waited for (lease takes), for
