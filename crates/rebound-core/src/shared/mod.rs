@@ -1608,6 +1608,31 @@ mod tests {
         );
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn failures_in_flight_together_count_once_toward_opening() {
+        let config = SharedConfig::new();
+        let breaker = Breaker {
+            failures: AtomicU32::new(0),
+            last_failure: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            openings: AtomicU64::new(0),
+            open_until: AtomicU64::new(0),
+            warned: AtomicBool::new(false),
+            base: Instant::now(),
+        };
+        let err = StoreError::new(StoreErrorKind::Timeout, "no answer");
+        tokio::time::advance(Duration::from_millis(1)).await;
+        for _ in 0..16 {
+            breaker.failure(&config, &err);
+        }
+        assert!(breaker.allows(Instant::now()), "one burst is one failure");
+        tokio::time::advance(config.call_timeout).await;
+        breaker.failure(&config, &err);
+        assert!(!breaker.allows(Instant::now()), "two apart open it");
+        assert_eq!(breaker.failed.load(Ordering::Relaxed), 17);
+        assert_eq!(breaker.openings.load(Ordering::Relaxed), 1);
+    }
+
     #[test]
     fn the_last_host_gives_each_spelling_its_own_key() {
         let mut last = LastHost::default();
