@@ -39,7 +39,8 @@ const QUOTA: u64 = 200;
 const WINDOW: Duration = Duration::from_secs(1);
 
 /// A child: `--fleet-child URL REDIS_URL|- MILLIS`; prints one line
-/// `sent ok errors round_trips`.
+/// `sent ok errors round_trips store_failures fallbacks`, and its errors by
+/// kind (and non-200 answers by status) on stderr.
 async fn child(url: String, redis: String, millis: u64) {
     let mut builder = Client::builder().total_timeout(Duration::from_secs(10));
     let mut state = None;
@@ -56,10 +57,15 @@ async fn child(url: String, redis: String, millis: u64) {
         Arc::new(AtomicU64::new(0)),
         Arc::new(AtomicU64::new(0)),
     );
+    let kinds = Arc::new(std::sync::Mutex::new(std::collections::BTreeMap::<
+        String,
+        u64,
+    >::new()));
     let mut set = JoinSet::new();
     for _ in 0..CALLERS {
         let (client, url) = (client.clone(), url.clone());
         let (sent, ok, errors) = (sent.clone(), ok.clone(), errors.clone());
+        let kinds = kinds.clone();
         set.spawn(async move {
             // Bounded: at most 100,000 requests per caller.
             for _ in 0..100_000 {
@@ -67,20 +73,32 @@ async fn child(url: String, redis: String, millis: u64) {
                     break;
                 }
                 sent.fetch_add(1, Ordering::Relaxed);
-                match client.get(url.as_str()).await {
-                    Ok(res) if res.status() == 200 => ok.fetch_add(1, Ordering::Relaxed),
-                    _ => errors.fetch_add(1, Ordering::Relaxed),
+                let what = match client.get(url.as_str()).await {
+                    Ok(res) if res.status() == 200 => {
+                        ok.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                    Ok(res) => format!("status {}", res.status().as_u16()),
+                    Err(e) => format!("{:?}", e.kind()),
                 };
+                errors.fetch_add(1, Ordering::Relaxed);
+                *kinds.lock().unwrap().entry(what).or_default() += 1;
             }
         });
     }
     while set.join_next().await.is_some() {}
+    let kinds = kinds.lock().unwrap().clone();
+    if !kinds.is_empty() {
+        eprintln!("    child {}: errors {kinds:?}", std::process::id());
+    }
     println!(
-        "{} {} {} {}",
+        "{} {} {} {} {} {}",
         sent.load(Ordering::Relaxed),
         ok.load(Ordering::Relaxed),
         errors.load(Ordering::Relaxed),
-        state.as_ref().map_or(0, SharedState::round_trips)
+        state.as_ref().map_or(0, SharedState::round_trips),
+        state.as_ref().map_or(0, SharedState::store_failures),
+        state.as_ref().map_or(0, SharedState::fallbacks),
     );
 }
 
@@ -90,6 +108,8 @@ struct Totals {
     ok: u64,
     errors: u64,
     trips: u64,
+    /// Per process: (store calls failed, fallbacks to local state).
+    store: Vec<(u64, u64)>,
 }
 
 async fn row(name: &str, windows: u32, shared: bool, kill: bool) -> Result<(), String> {
@@ -142,13 +162,14 @@ async fn row(name: &str, windows: u32, shared: bool, kill: bool) -> Result<(), S
             .split_whitespace()
             .filter_map(|x| x.parse().ok())
             .collect();
-        if f.len() != 4 {
+        if f.len() != 6 {
             return Err(format!("bad child line {line:?}"));
         }
         totals.sent += f[0];
         totals.ok += f[1];
         totals.errors += f[2];
         totals.trips += f[3];
+        totals.store.push((f[4], f[5]));
     }
     let snap = server.snapshot();
     let used_windows = snap.windows.len().max(1) as u64;
@@ -168,6 +189,12 @@ async fn row(name: &str, windows: u32, shared: bool, kill: bool) -> Result<(), S
     );
     let per_window: Vec<u64> = snap.windows.iter().map(|w| w.rejected).collect();
     eprintln!("  {name}: 429s per window {per_window:?}");
+    if shared {
+        eprintln!(
+            "  {name}: per process (store calls failed, fallbacks to local state) {:?}",
+            totals.store
+        );
+    }
     Ok(())
 }
 

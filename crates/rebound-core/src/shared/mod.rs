@@ -110,7 +110,9 @@
 //! [`call_timeout`](SharedConfig::call_timeout) (5 ms by default). A
 //! failed or timed-out call counts against a breaker; after
 //! [`failures_to_open`](SharedConfig::failures_to_open) (2) in a row the
-//! breaker opens: the store is not called for
+//! breaker opens (failures within one call timeout of the last one counted
+//! are one: calls in flight together time out together when the process is
+//! not scheduled for a few ms): the store is not called for
 //! [`probe_interval`](SharedConfig::probe_interval) (500 ms), then one
 //! call probes it; a success rejoins. While open, requests use local state
 //! only (the pacer, the local gates) — **fail-open**, the default — or,
@@ -230,7 +232,9 @@ impl SharedConfig {
         self
     }
 
-    /// Failed calls in a row that open the breaker. Default 2.
+    /// Failed calls in a row that open the breaker (failures within one
+    /// [`call_timeout`](Self::call_timeout) of the last one counted count
+    /// once). Default 2.
     pub fn failures_to_open(mut self, n: u32) -> Self {
         self.failures_to_open = n;
         self
@@ -318,6 +322,12 @@ impl SharedConfig {
 #[derive(Debug)]
 struct Breaker {
     failures: AtomicU32,
+    /// ns since `base` of the last failure counted in `failures`.
+    last_failure: AtomicU64,
+    /// Calls failed or timed out, in all.
+    failed: AtomicU64,
+    /// Times the breaker opened, in all.
+    openings: AtomicU64,
     /// ns since `base` until which the store is not called; 0: closed.
     open_until: AtomicU64,
     warned: AtomicBool,
@@ -352,8 +362,29 @@ impl Breaker {
     }
 
     fn failure(&self, config: &SharedConfig, err: &StoreError) {
+        self.failed.fetch_add(1, Ordering::Relaxed);
+        // Failures within one call timeout of the last one counted are one
+        // hiccup, not several in a row: calls in flight together (the
+        // writer's, the lease takes) time out together when the process is
+        // not scheduled for a few ms, and that is no reason to stop sharing.
+        let now = self.ns(Instant::now());
+        let step = u64::try_from(config.call_timeout.as_nanos()).unwrap_or(u64::MAX);
+        let last = self.last_failure.load(Ordering::Acquire);
+        if last != 0 && now.saturating_sub(last) < step {
+            return;
+        }
+        if self
+            .last_failure
+            .compare_exchange(last, now, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return;
+        }
         let n = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
         if n >= config.failures_to_open {
+            if self.open_until.load(Ordering::Acquire) == 0 {
+                self.openings.fetch_add(1, Ordering::Relaxed);
+            }
             let until = self.ns(Instant::now() + config.probe_interval);
             self.open_until.store(until, Ordering::Release);
             if !self.warned.swap(true, Ordering::AcqRel) {
@@ -479,6 +510,62 @@ struct Hosts {
     by_table: Keyed<u64, u64>,
     /// Pauses of hosts not called yet.
     pending: Keyed<HostId, Instant>,
+    /// The host of the last request admitted at once, as it was spelt.
+    last: LastHost,
+}
+
+/// A host's scheme and authority as a request spelt them, beside its
+/// [`local_key`]: a request spelling them alike (the usual case: one
+/// client, one base URL) compares its bytes instead of hashing them.
+/// Authorities longer than [`LastHost::MAX`] are not kept.
+struct LastHost {
+    key: u64,
+    scheme: u8,
+    len: u8,
+    authority: [u8; LastHost::MAX],
+}
+
+impl Default for LastHost {
+    fn default() -> Self {
+        LastHost {
+            key: 0,
+            // No scheme is spelt `0`: an empty cell matches nothing.
+            scheme: 0,
+            len: 0,
+            authority: [0; LastHost::MAX],
+        }
+    }
+}
+
+impl LastHost {
+    const MAX: usize = 46;
+
+    /// A scheme as one byte: `1` https, `2` http, `3` any other (not kept).
+    fn scheme(uri: &Uri) -> u8 {
+        match uri.scheme_str() {
+            Some("https") => 1,
+            Some("http") => 2,
+            _ => 3,
+        }
+    }
+
+    /// `uri`'s key: the kept one when it spells the same host, else
+    /// [`local_key`] (kept for the next request).
+    fn key(&mut self, uri: &Uri) -> u64 {
+        let scheme = Self::scheme(uri);
+        let authority = uri.authority().map_or(&b""[..], |a| a.as_str().as_bytes());
+        if scheme == self.scheme && authority == &self.authority[..usize::from(self.len)] {
+            return self.key;
+        }
+        let key = local_key(uri);
+        if scheme != 3 && authority.len() <= Self::MAX {
+            self.key = key;
+            self.scheme = scheme;
+            self.len = authority.len() as u8;
+            self.authority[..authority.len()].copy_from_slice(authority);
+        }
+        key
+    }
 }
 
 struct Inner {
@@ -637,6 +724,9 @@ impl SharedState {
                 hosts: Mutex::new(Hosts::default()),
                 breaker: Arc::new(Breaker {
                     failures: AtomicU32::new(0),
+                    last_failure: AtomicU64::new(0),
+                    failed: AtomicU64::new(0),
+                    openings: AtomicU64::new(0),
                     open_until: AtomicU64::new(0),
                     warned: AtomicBool::new(false),
                     base: Instant::now(),
@@ -658,6 +748,18 @@ impl SharedState {
     /// Whether the store is in use now (its breaker is closed).
     pub fn is_available(&self) -> bool {
         !self.inner.breaker.is_open()
+    }
+
+    /// Calls to the store that failed or timed out, in all (for
+    /// benchmarks and metrics).
+    pub fn store_failures(&self) -> u64 {
+        self.inner.breaker.failed.load(Ordering::Relaxed)
+    }
+
+    /// Times the breaker around the store opened (the state fell back to
+    /// local state), in all.
+    pub fn fallbacks(&self) -> u64 {
+        self.inner.breaker.openings.load(Ordering::Relaxed)
     }
 
     /// Calls made to the store that a request waited for (lease takes), for
@@ -933,9 +1035,10 @@ impl SharedState {
     /// started yet): call [`admit`](Self::admit).
     pub fn admit_now(&self, uri: &Uri) -> Option<Admitted> {
         self.inner.writer.get()?;
-        let key = local_key(uri);
         let now = Instant::now();
         let mut hosts = self.lock();
+        let hosts = &mut *hosts;
+        let key = hosts.last.key(uri);
         let e = hosts.by_key.get_mut(&key)?;
         if e.paused_until.is_some() {
             return None;
@@ -1340,31 +1443,36 @@ where
     type Error = Error;
     type Future = SharedStateFuture<S, ReqB>;
 
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        // The inner service is made ready after admission (a clone).
-        Poll::Ready(Ok(()))
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // Ready when the inner service is: a request admitted at once (a
+        // lease in hand) is its call, with no clone of it.
+        self.inner
+            .poll_ready(cx)
+            .map_err(|e| Error::from_boxed(e.into()))
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        let inner = self.inner.clone();
-        let svc = std::mem::replace(&mut self.inner, inner);
         let state = self.state.clone();
         let stage = match state.admit_now(req.uri()) {
-            Some(admitted) => Stage::Ready { admitted },
+            Some(admitted) => Stage::Calling {
+                fut: self.inner.call(req),
+                admitted,
+            },
             None => {
+                // The wait takes a clone, made ready after admission: the
+                // ready one stays for the next call (what it holds, e.g. a
+                // permit of a limit below, is not held through the wait).
+                let svc = self.inner.clone();
                 let (st, method, uri) = (state.clone(), req.method().clone(), req.uri().clone());
                 let deadline = Deadline::of(req.extensions());
                 Stage::Admitting {
                     admit: Box::pin(async move { st.admit(&method, &uri, deadline).await }),
+                    svc: Some(svc),
+                    req: Some(req),
                 }
             }
         };
-        SharedStateFuture {
-            state,
-            svc,
-            req: Some(req),
-            stage,
-        }
+        SharedStateFuture { state, stage }
     }
 }
 
@@ -1377,8 +1485,8 @@ pin_project! {
         S: Service<Request<ReqB>>,
     {
         state: SharedState,
-        svc: S,
-        req: Option<Request<ReqB>>,
+        // The request is in the stage before the call: the future is as
+        // large as the larger of the request and the inner future, not both.
         #[pin]
         stage: Stage<S, ReqB>,
     }
@@ -1392,9 +1500,13 @@ pin_project! {
     {
         Admitting {
             admit: BoxFuture<'static, Result<Admitted, Error>>,
+            svc: Option<S>,
+            req: Option<Request<ReqB>>,
         },
         Ready {
             admitted: Admitted,
+            svc: S,
+            req: Option<Request<ReqB>>,
         },
         Calling {
             #[pin]
@@ -1425,21 +1537,25 @@ where
         let mut this = self.project();
         loop {
             match this.stage.as_mut().project() {
-                StageProj::Admitting { admit } => match ready!(admit.as_mut().poll(cx)) {
-                    Ok(admitted) => this.stage.set(Stage::Ready { admitted }),
+                StageProj::Admitting { admit, svc, req } => match ready!(admit.as_mut().poll(cx)) {
+                    Ok(admitted) => {
+                        let req = req.take();
+                        let svc = svc.take().expect("a service until it is ready");
+                        this.stage.set(Stage::Ready { admitted, svc, req });
+                    }
                     Err(e) => {
                         this.stage.set(Stage::Done);
                         return Poll::Ready(Err(e));
                     }
                 },
-                StageProj::Ready { admitted } => {
+                StageProj::Ready { admitted, svc, req } => {
                     let admitted = *admitted;
-                    if let Err(e) = ready!(this.svc.poll_ready(cx)) {
+                    if let Err(e) = ready!(svc.poll_ready(cx)) {
                         this.stage.set(Stage::Done);
                         return Poll::Ready(Err(Error::from_boxed(e.into())));
                     }
-                    let req = this.req.take().expect("a request until it is sent");
-                    let fut = this.svc.call(req);
+                    let req = req.take().expect("a request until it is sent");
+                    let fut = svc.call(req);
                     this.stage.set(Stage::Calling { fut, admitted });
                 }
                 StageProj::Calling { fut, admitted } => {
@@ -1490,6 +1606,55 @@ mod tests {
             key(&long),
             key(&long.to_uppercase().replace("HTTPS", "https"))
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failures_in_flight_together_count_once_toward_opening() {
+        let config = SharedConfig::new();
+        let breaker = Breaker {
+            failures: AtomicU32::new(0),
+            last_failure: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            openings: AtomicU64::new(0),
+            open_until: AtomicU64::new(0),
+            warned: AtomicBool::new(false),
+            base: Instant::now(),
+        };
+        let err = StoreError::new(StoreErrorKind::Timeout, "no answer");
+        tokio::time::advance(Duration::from_millis(1)).await;
+        for _ in 0..16 {
+            breaker.failure(&config, &err);
+        }
+        assert!(breaker.allows(Instant::now()), "one burst is one failure");
+        tokio::time::advance(config.call_timeout).await;
+        breaker.failure(&config, &err);
+        assert!(!breaker.allows(Instant::now()), "two apart open it");
+        assert_eq!(breaker.failed.load(Ordering::Relaxed), 17);
+        assert_eq!(breaker.openings.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn the_last_host_gives_each_spelling_its_own_key() {
+        let mut last = LastHost::default();
+        for u in [
+            "https://api.example/a",
+            "https://api.example/b",
+            "http://api.example/",
+            "https://API.example/",
+            "https://b.example/",
+            "https://api.example:8443/",
+            "https://api.example/",
+            "grpc://api.example/",
+            "grpc://api.example/",
+        ] {
+            let uri: Uri = u.parse().unwrap();
+            assert_eq!(last.key(&uri), local_key(&uri), "{u}");
+        }
+        let long: Uri = format!("https://{}.example/", "x".repeat(60))
+            .parse()
+            .unwrap();
+        assert_eq!(last.key(&long), local_key(&long));
+        assert_eq!(last.key(&long), local_key(&long));
     }
 
     #[test]
