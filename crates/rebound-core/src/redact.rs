@@ -624,7 +624,12 @@ const WORD_LETTERS: [u64; SECRET_NAME_WORDS.len()] = {
 /// assert!(!name_looks_secret(&HeaderName::from_static("x-request-id")));
 /// ```
 pub fn name_looks_secret(name: &HeaderName) -> bool {
-    bytes_look_secret(name.as_str().as_bytes())
+    let table = standard_names();
+    let text = name.as_str();
+    match table.index_of(text) {
+        Some(i) => table.secret >> i & 1 == 1,
+        None => bytes_look_secret(text.as_bytes()),
+    }
 }
 
 /// The name rule on lowercase bytes: whether `b` contains one of
@@ -662,8 +667,171 @@ fn bytes_look_secret(b: &[u8]) -> bool {
     })
 }
 
-/// Up to this many names that the name rule does not catch,
-/// [`HeaderDenyList::mark_sensitive`] compares each header with them
+// ===== standard header names: each verdict decided once =====
+
+/// The standard header names of `http` ([`http::header`]'s constants). A
+/// header map holds mostly these, and their verdicts never change, so each
+/// [`HeaderDenyList`] decides them once, when it is built.
+const STANDARD: [HeaderName; 81] = [
+    header::ACCEPT,
+    header::ACCEPT_CHARSET,
+    header::ACCEPT_ENCODING,
+    header::ACCEPT_LANGUAGE,
+    header::ACCEPT_RANGES,
+    header::ACCESS_CONTROL_ALLOW_CREDENTIALS,
+    header::ACCESS_CONTROL_ALLOW_HEADERS,
+    header::ACCESS_CONTROL_ALLOW_METHODS,
+    header::ACCESS_CONTROL_ALLOW_ORIGIN,
+    header::ACCESS_CONTROL_EXPOSE_HEADERS,
+    header::ACCESS_CONTROL_MAX_AGE,
+    header::ACCESS_CONTROL_REQUEST_HEADERS,
+    header::ACCESS_CONTROL_REQUEST_METHOD,
+    header::AGE,
+    header::ALLOW,
+    header::ALT_SVC,
+    header::AUTHORIZATION,
+    header::CACHE_CONTROL,
+    header::CACHE_STATUS,
+    header::CDN_CACHE_CONTROL,
+    header::CONNECTION,
+    header::CONTENT_DISPOSITION,
+    header::CONTENT_ENCODING,
+    header::CONTENT_LANGUAGE,
+    header::CONTENT_LENGTH,
+    header::CONTENT_LOCATION,
+    header::CONTENT_RANGE,
+    header::CONTENT_SECURITY_POLICY,
+    header::CONTENT_SECURITY_POLICY_REPORT_ONLY,
+    header::CONTENT_TYPE,
+    header::COOKIE,
+    header::DNT,
+    header::DATE,
+    header::ETAG,
+    header::EXPECT,
+    header::EXPIRES,
+    header::FORWARDED,
+    header::FROM,
+    header::HOST,
+    header::IF_MATCH,
+    header::IF_MODIFIED_SINCE,
+    header::IF_NONE_MATCH,
+    header::IF_RANGE,
+    header::IF_UNMODIFIED_SINCE,
+    header::LAST_MODIFIED,
+    header::LINK,
+    header::LOCATION,
+    header::MAX_FORWARDS,
+    header::ORIGIN,
+    header::PRAGMA,
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::PUBLIC_KEY_PINS,
+    header::PUBLIC_KEY_PINS_REPORT_ONLY,
+    header::RANGE,
+    header::REFERER,
+    header::REFERRER_POLICY,
+    header::REFRESH,
+    header::RETRY_AFTER,
+    header::SEC_WEBSOCKET_ACCEPT,
+    header::SEC_WEBSOCKET_EXTENSIONS,
+    header::SEC_WEBSOCKET_KEY,
+    header::SEC_WEBSOCKET_PROTOCOL,
+    header::SEC_WEBSOCKET_VERSION,
+    header::SERVER,
+    header::SET_COOKIE,
+    header::STRICT_TRANSPORT_SECURITY,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::USER_AGENT,
+    header::UPGRADE,
+    header::UPGRADE_INSECURE_REQUESTS,
+    header::VARY,
+    header::VIA,
+    header::WARNING,
+    header::WWW_AUTHENTICATE,
+    header::X_CONTENT_TYPE_OPTIONS,
+    header::X_DNS_PREFETCH_CONTROL,
+    header::X_FRAME_OPTIONS,
+    header::X_XSS_PROTECTION,
+];
+
+/// Slots of [`StandardNames`] (a power of two, about three per name).
+const SLOTS: usize = 256;
+
+/// Where each standard name's text lives: a standard [`HeaderName`]'s
+/// `as_str()` is a `&'static str`, the same one every time, so its address
+/// says which standard name it is without reading a byte. The look-up
+/// compares the address *and* the length, and two strings with the same
+/// address and length have the same bytes: a name found here has the
+/// verdict of the standard name it is, whatever its representation, and a
+/// name not found (a custom one, or a standard one whose text the compiler
+/// copied) is scanned as before. Exact either way; only the cost differs.
+struct StandardNames {
+    /// The address of each slot's name (0: empty).
+    addr: [usize; SLOTS],
+    /// Its length and its index in [`STANDARD`].
+    len: [u8; SLOTS],
+    index: [u8; SLOTS],
+    /// Bit `i`: [`STANDARD`]`[i]` [looks secret](name_looks_secret).
+    secret: u128,
+}
+
+impl StandardNames {
+    fn build() -> Self {
+        let mut t = StandardNames {
+            addr: [0; SLOTS],
+            len: [0; SLOTS],
+            index: [0; SLOTS],
+            secret: 0,
+        };
+        for (i, name) in STANDARD.iter().enumerate() {
+            let text = name.as_str();
+            if bytes_look_secret(text.as_bytes()) {
+                t.secret |= 1 << i;
+            }
+            let mut slot = Self::slot(text.as_ptr() as usize);
+            while t.addr[slot] != 0 {
+                slot = (slot + 1) % SLOTS;
+            }
+            t.addr[slot] = text.as_ptr() as usize;
+            t.len[slot] = text.len() as u8;
+            t.index[slot] = i as u8;
+        }
+        t
+    }
+
+    #[inline]
+    fn slot(addr: usize) -> usize {
+        ((addr as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as usize % SLOTS
+    }
+
+    /// The index in [`STANDARD`] of the name whose text is `text`, if it is
+    /// one of them (and the compiler did not copy its text).
+    #[inline]
+    fn index_of(&self, text: &str) -> Option<u32> {
+        let addr = text.as_ptr() as usize;
+        let mut slot = Self::slot(addr);
+        loop {
+            match self.addr[slot] {
+                0 => return None,
+                a if a == addr && usize::from(self.len[slot]) == text.len() => {
+                    return Some(u32::from(self.index[slot]));
+                }
+                _ => slot = (slot + 1) % SLOTS,
+            }
+        }
+    }
+}
+
+/// The table of [`STANDARD`], built once per process.
+fn standard_names() -> &'static StandardNames {
+    static TABLE: std::sync::OnceLock<StandardNames> = std::sync::OnceLock::new();
+    TABLE.get_or_init(StandardNames::build)
+}
+
+/// Up to this many names that are neither standard nor caught by the name
+/// rule, [`HeaderDenyList::mark_sensitive`] compares each header with them
 /// instead of looking each of them up.
 const COMPARED_NAMES: usize = 4;
 
@@ -701,22 +869,48 @@ pub struct HeaderDenyList {
     names: Arc<[HeaderName]>,
     /// Whether names that [look secret](name_looks_secret) are denied too.
     rule: bool,
-    /// The names the rule does not catch (all of them without the rule):
-    /// those `mark_sensitive` must look up one by one.
+    /// Bit `i`: [`STANDARD`]`[i]` is denied (on the list or caught by the
+    /// rule), so a standard header's verdict is one bit.
+    standard: u128,
+    /// The names the rule does not catch (all of them without the rule)
+    /// that are not standard: those `mark_sensitive` must compare or look
+    /// up one by one.
     uncaught: Arc<[HeaderName]>,
 }
 
 impl HeaderDenyList {
     fn from_parts(names: Vec<HeaderName>, rule: bool) -> Self {
+        let caught = |n: &HeaderName| rule && bytes_look_secret(n.as_str().as_bytes());
+        let standard = STANDARD
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| caught(s) || names.contains(s))
+            .fold(0u128, |m, (i, _)| m | 1 << i);
         let uncaught: Vec<HeaderName> = names
             .iter()
-            .filter(|n| !(rule && name_looks_secret(n)))
+            .filter(|n| !caught(n) && !STANDARD.contains(n))
             .cloned()
             .collect();
         HeaderDenyList {
             names: Arc::from(names),
             rule,
+            standard,
             uncaught: Arc::from(uncaught),
+        }
+    }
+
+    /// Whether the header named `name` (whose text is `text`) is denied: a
+    /// standard name by its bit, any other by the rule and the uncaught
+    /// names (compared here only when `compare`).
+    #[inline]
+    fn denies(&self, table: &StandardNames, name: &HeaderName, compare: bool) -> bool {
+        let text = name.as_str();
+        match table.index_of(text) {
+            Some(i) => self.standard >> i & 1 == 1,
+            None => {
+                (self.rule && bytes_look_secret(text.as_bytes()))
+                    || (compare && self.uncaught.iter().any(|n| n == name))
+            }
         }
     }
 
@@ -755,7 +949,7 @@ impl HeaderDenyList {
 
     /// Whether `name` is denied: on the list, or caught by the name rule.
     pub fn contains(&self, name: &HeaderName) -> bool {
-        self.names.iter().any(|n| n == name) || (self.rule && name_looks_secret(name))
+        self.denies(standard_names(), name, true)
     }
 
     /// The names on the list (not those the name rule catches).
@@ -764,34 +958,26 @@ impl HeaderDenyList {
     }
 
     /// Mark every value of every denied header in `headers` as sensitive
-    /// (see [`set_sensitive`]): with the name rule on, every header of the
-    /// map is looked at once (no allocation).
+    /// (see [`set_sensitive`]): every header of the map is looked at once
+    /// (no allocation); a standard header's verdict is one bit, decided
+    /// when the list was built, and only other names are read.
     pub fn mark_sensitive(&self, headers: &mut HeaderMap) {
         if headers.is_empty() {
             return;
         }
-        // A few names the rule does not catch (by default `Cookie` and
-        // `Set-Cookie`): compared with each header in the one pass the rule
-        // makes anyway, cheaper than hashing each name for a look-up (the
-        // trace layers run this on every request and every response).
-        if self.uncaught.len() <= COMPARED_NAMES {
-            for (name, value) in headers.iter_mut() {
-                if !value.is_sensitive()
-                    && (self.uncaught.iter().any(|n| n == name)
-                        || (self.rule && name_looks_secret(name)))
-                {
-                    value.set_sensitive(true);
-                }
-            }
-            return;
+        let table = standard_names();
+        // A few names that are neither standard nor caught by the rule (by
+        // default none): compared with each custom header in the one pass,
+        // cheaper than hashing each name for a look-up (the trace layers
+        // run this on every request and every response). Many: looked up
+        // one by one first.
+        let compare = self.uncaught.len() <= COMPARED_NAMES;
+        if !compare {
+            set_sensitive(headers, self.uncaught.iter());
         }
-        // Many: looked up one by one; then one pass for the rule.
-        set_sensitive(headers, self.uncaught.iter());
-        if self.rule {
-            for (name, value) in headers.iter_mut() {
-                if !value.is_sensitive() && name_looks_secret(name) {
-                    value.set_sensitive(true);
-                }
+        for (name, value) in headers.iter_mut() {
+            if !value.is_sensitive() && self.denies(table, name, compare) {
+                value.set_sensitive(true);
             }
         }
     }
@@ -1308,6 +1494,50 @@ mod tests {
                 assert_eq!(value.is_sensitive(), denied, "{name} {n} {rule}");
             }
         }
+    }
+
+    #[test]
+    fn standard_names_by_their_bit_as_by_the_scan() {
+        let table = standard_names();
+        let lists = [
+            HeaderDenyList::default(),
+            HeaderDenyList::minimal(),
+            HeaderDenyList::minimal().name_rule(true),
+            HeaderDenyList::default()
+                .name_rule(false)
+                .with(header::ACCEPT)
+                .with(header::WWW_AUTHENTICATE),
+        ];
+        for (i, name) in STANDARD.iter().enumerate() {
+            // The look-up finds each standard name, however it was made.
+            let parsed = HeaderName::from_bytes(name.as_str().to_uppercase().as_bytes()).unwrap();
+            assert_eq!(table.index_of(name.as_str()), Some(i as u32), "{name}");
+            assert_eq!(table.index_of(parsed.as_str()), Some(i as u32), "{name}");
+            let looks = bytes_look_secret(name.as_str().as_bytes());
+            assert_eq!(name_looks_secret(name), looks, "{name}");
+            for list in &lists {
+                let denied = list.names.contains(name) || (list.rule && looks);
+                assert_eq!(list.contains(&parsed), denied, "{name} {list:?}");
+                let mut headers = HeaderMap::new();
+                headers.insert(parsed.clone(), "v".parse().unwrap());
+                list.mark_sensitive(&mut headers);
+                assert_eq!(headers[name].is_sensitive(), denied, "{name} {list:?}");
+            }
+        }
+        // What the rule catches among them, and what it does not.
+        for name in [
+            header::AUTHORIZATION,
+            header::PROXY_AUTHORIZATION,
+            header::PROXY_AUTHENTICATE,
+            header::WWW_AUTHENTICATE,
+        ] {
+            assert!(name_looks_secret(&name), "{name}");
+        }
+        assert!(!name_looks_secret(&header::COOKIE));
+        // Text that is not a standard name's is not found.
+        assert_eq!(table.index_of("x-request-id"), None);
+        assert_eq!(table.index_of(&String::from("content-type")), None);
+        assert_eq!(table.index_of(&header::CONTENT_TYPE.as_str()[..7]), None);
     }
 
     #[test]
