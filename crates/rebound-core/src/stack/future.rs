@@ -598,7 +598,9 @@ where
             slot.called_at(now);
         }
         let ours = now + r.cfg.attempt;
-        if r.deadline < ours {
+        // A tie is the deadline's: an attempt timeout clamped to the total
+        // ends with it (on the request's own reading they are equal).
+        if r.deadline <= ours {
             r.stage = TimeoutStage::Deadline;
             r.deadline
         } else {
