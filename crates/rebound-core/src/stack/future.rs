@@ -298,7 +298,8 @@ impl<S, B: RetryBody, C> Req<S, B, C> {
 /// large variant, the request that waits, is moved into the state at once.)
 #[allow(clippy::large_enum_variant)]
 enum Started<F, B> {
-    Called(F),
+    /// The attempt's future, and the clock reading it was admitted on.
+    Called(F, Instant),
     Waiting(Wait<Option<AttemptSlot>>, Step, Request<B>),
     Failed(Error),
 }
@@ -358,7 +359,7 @@ where
         let mut cut = None;
         let early = Self::admit(&mut r, &mut cut, now, ours, req);
         let (state, until) = match early {
-            Admission::Ready(req) => match Self::first(&mut r, req) {
+            Admission::Ready(req) => match Self::first(&mut r, req, Some(now)) {
                 Flow::Go(state, until) => (state, until),
                 Flow::Done(out) => (
                     State::Ready {
@@ -498,8 +499,13 @@ where
 
     /// Below the permit: the idempotency key, gRPC marking, the retry
     /// loop's set-up, then the first attempt. Returns the state and the
-    /// timer's instant.
-    fn first(r: &mut Req<S, B, C>, mut req: Request<B>) -> Next<S::Future, B, ResB> {
+    /// timer's instant. `fresh`: the request's clock reading, when nothing
+    /// has waited since it was taken (the first attempt starts on it).
+    fn first(
+        r: &mut Req<S, B, C>,
+        mut req: Request<B>,
+        fresh: Option<Instant>,
+    ) -> Next<S::Future, B, ResB> {
         if let Some(keys) = &r.cfg.idempotency {
             r.conflicts = keys.stamp(&mut req);
         }
@@ -510,13 +516,17 @@ where
             req = saved;
             r.routes = routes.map(Box::new);
         }
-        Self::run_loop(r, req)
+        Self::run_loop(r, req, fresh)
     }
 
     /// One retry loop for `req` (the primary's, or an alternate route's):
     /// gRPC marking, the breaker's admission, the loop's set-up, the first
     /// attempt.
-    fn run_loop(r: &mut Req<S, B, C>, mut req: Request<B>) -> Next<S::Future, B, ResB> {
+    fn run_loop(
+        r: &mut Req<S, B, C>,
+        mut req: Request<B>,
+        fresh: Option<Instant>,
+    ) -> Next<S::Future, B, ResB> {
         if let Some(mark) = &r.cfg.mark {
             mark.mark(&mut req);
         }
@@ -535,11 +545,15 @@ where
         }
         let (req, replay) = Replay::prepare(&r.cfg.retry, req, Some(r.deadline));
         r.replay = Some(replay);
-        Self::attempt(r, req)
+        Self::attempt(r, req, fresh)
     }
 
     /// Start an attempt: its span, then its admission and call.
-    fn attempt(r: &mut Req<S, B, C>, mut req: Request<B>) -> Next<S::Future, B, ResB> {
+    fn attempt(
+        r: &mut Req<S, B, C>,
+        mut req: Request<B>,
+        fresh: Option<Instant>,
+    ) -> Next<S::Future, B, ResB> {
         let attempt = begin_attempt(r.cfg.trace.config(), &mut req);
         r.previous_delay = req
             .extensions()
@@ -553,14 +567,14 @@ where
         let span = attempt.span.clone();
         r.attempt = Some(attempt);
         let _entered = span.enter();
-        let started = Self::admit_attempt(r, req, Step::Gate);
+        let started = Self::admit_attempt(r, req, Step::Gate, fresh);
         Self::started(r, started)
     }
 
     fn started(r: &mut Req<S, B, C>, started: Started<S::Future, B>) -> Next<S::Future, B, ResB> {
         match started {
-            Started::Called(fut) => {
-                let until = Self::arm(r);
+            Started::Called(fut, now) => {
+                let until = Self::arm(r, now);
                 Flow::Go(State::Calling { fut }, until)
             }
             Started::Waiting(wait, from, req) => Flow::Go(
@@ -576,16 +590,17 @@ where
     }
 
     /// The head timer of the attempt about to be called: the earlier of
-    /// its timeout and the deadline.
-    fn arm(r: &mut Req<S, B, C>) -> Instant {
-        let now = Instant::now();
-        // The gradient's round-trip time starts here (one clock read for
-        // both).
+    /// its timeout and the deadline, from `now`: the reading its admission
+    /// checked the deadline with (one clock read for the deadline, the
+    /// attempt timeout and the gradient's round-trip time).
+    fn arm(r: &mut Req<S, B, C>, now: Instant) -> Instant {
         if let Some(slot) = &mut r.slot {
             slot.called_at(now);
         }
         let ours = now + r.cfg.attempt;
-        if r.deadline < ours {
+        // A tie is the deadline's: an attempt timeout clamped to the total
+        // ends with it (on the request's own reading they are equal).
+        if r.deadline <= ours {
             r.stage = TimeoutStage::Deadline;
             r.deadline
         } else {
@@ -595,8 +610,14 @@ where
     }
 
     /// The attempt's admission from step `from` on: the closing gate, the
-    /// adaptive limit; then the call.
-    fn admit_attempt(r: &mut Req<S, B, C>, req: Request<B>, from: Step) -> Started<S::Future, B> {
+    /// adaptive limit; then the call. `fresh`: a clock reading nothing has
+    /// waited since (else the clock is read here, once).
+    fn admit_attempt(
+        r: &mut Req<S, B, C>,
+        req: Request<B>,
+        from: Step,
+        fresh: Option<Instant>,
+    ) -> Started<S::Future, B> {
         if from == Step::Gate {
             if let Some(gate) = &r.cfg.gate {
                 if gate.gate_mode() != GateMode::Off && !gate.table().is_empty() {
@@ -718,15 +739,17 @@ where
             }
         }
         // The attempt timeout: a deadline already passed fails the attempt
-        // without calling the transport.
-        if r.deadline <= Instant::now() {
+        // without calling the transport. The same reading starts the
+        // attempt's timer (see `arm`).
+        let now = fresh.unwrap_or_else(Instant::now);
+        if r.deadline <= now {
             let name = RequestName::of(&req);
             return Started::Failed(crate::attempt_timeout::future::timed_out(
                 TimeoutStage::Deadline,
                 name,
             ));
         }
-        Started::Called(r.svc.call(req))
+        Started::Called(r.svc.call(req), now)
     }
 
     /// An attempt's outcome judged on its way up through the attempt's
@@ -952,7 +975,7 @@ where
                     r.operation = None;
                     // Another route, another host: its own key.
                     r.key = None;
-                    return Self::run_loop(r, req);
+                    return Self::run_loop(r, req, None);
                 }
                 Some(Err(err)) => out = Err(err),
                 None => {}
@@ -1259,7 +1282,7 @@ where
                         }
                     };
                     let (state, until) = match admission {
-                        Admission::Ready(req) => match Self::first(r, req) {
+                        Admission::Ready(req) => match Self::first(r, req, None) {
                             Flow::Go(state, until) => (state, until),
                             Flow::Done(out) => {
                                 this.state.set(State::Done);
@@ -1322,7 +1345,7 @@ where
                             }
                             let span = r.attempt.as_ref().map(|a| a.span.clone());
                             let _entered = span.as_ref().map(tracing::Span::enter);
-                            Self::admit_attempt(r, *req, from)
+                            Self::admit_attempt(r, *req, from, None)
                         }
                     };
                     go!(this, Self::started(r, started));
@@ -1439,7 +1462,7 @@ where
                                 .as_mut()
                                 .and_then(|replay| replay.next.take())
                                 .expect("a retry is only planned with its request");
-                            go!(this, Self::attempt(r, *req));
+                            go!(this, Self::attempt(r, *req, None));
                         }
                     }
                 }
