@@ -13,8 +13,11 @@
 //! `shared_state` on Redis ("shared"); shared with Redis killed after a
 //! third of the run and restarted after two thirds ("shared, Redis
 //! killed"). Columns: what the server received and refused (429, as a share
-//! of what it received), the share of the quota offered in the run's
-//! windows that was admitted, the callers' errors, and the Redis round
+//! of what it received), the share of the quota that was admitted — over
+//! every window the server counted (the first and the last only partly
+//! offered: the children start some milliseconds into window 0 and stop as
+//! far into the last), and over the windows offered in full (1 to N − 1) —,
+//! the callers' errors, and the Redis round
 //! trips a request waited for (lease takes) per request.
 //!
 //! Real time on loopback: figures vary with the machine's load; the
@@ -173,16 +176,28 @@ async fn row(name: &str, windows: u32, shared: bool, kill: bool) -> Result<(), S
     }
     let snap = server.snapshot();
     let used_windows = snap.windows.len().max(1) as u64;
+    // The windows every process sent in from start to end: the children
+    // start some milliseconds into window 0 (process start-up) and stop
+    // that much into window `windows`, so those two are offered in part;
+    // windows 1..windows are offered in full.
+    let full: Vec<&rebound_test::quota::WindowStats> = snap
+        .windows
+        .iter()
+        .filter(|w| w.index >= 1 && w.index < u64::from(windows))
+        .collect();
+    let full_accepted: u64 = full.iter().map(|w| w.accepted).sum();
+    let full_quota = QUOTA * (full.len().max(1) as u64);
     let over = snap.windows.iter().map(|w| w.accepted).max().unwrap_or(0);
     if over > QUOTA {
         return Err(format!("the server admitted {over} in a window"));
     }
     println!(
-        "| {name} | {} | {} ({:.2} %) | {:.1} % | {} | {} | {:.3} |",
+        "| {name} | {} | {} ({:.2} %) | {:.1} % | {:.1} % | {} | {} | {:.3} |",
         snap.received,
         snap.rejected,
         100.0 * snap.rejected as f64 / snap.received.max(1) as f64,
         100.0 * snap.accepted as f64 / (QUOTA * used_windows) as f64,
+        100.0 * full_accepted as f64 / full_quota as f64,
         totals.ok,
         totals.errors,
         totals.trips as f64 / totals.sent.max(1) as f64,
@@ -302,8 +317,8 @@ fn main() -> ExitCode {
     println!(
         "{PROCESSES} processes × {CALLERS} callers, {QUOTA} requests per {WINDOW:?} window, {windows} windows\n"
     );
-    println!("| fleet | server received | 429s (of received) | quota used | callers' 200s | callers' errors | Redis round trips per request |");
-    println!("|---|---|---|---|---|---|---|");
+    println!("| fleet | server received | 429s (of received) | quota used, every window | quota used, windows 1–{} | callers' 200s | callers' errors | Redis round trips per request |", windows - 1);
+    println!("|---|---|---|---|---|---|---|---|");
     let rows = [
         ("local only (no shared state)", false, false),
         ("shared (Redis)", true, false),
