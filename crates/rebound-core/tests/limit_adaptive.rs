@@ -564,3 +564,100 @@ async fn growth_waits_at_the_last_overload_point_and_probes_past_it() {
         t.abort();
     }
 }
+
+// ===== per host, as a standalone layer =====
+
+/// One host's attempts fill its own limit; another host's attempts still
+/// find free slots. With one limiter for both, the second host would
+/// queue behind the first.
+#[tokio::test(start_paused = true)]
+async fn per_host_layer_one_slow_host_does_not_take_the_others_slots() {
+    use rebound_core::limit::{HostLimiters, PerHostAdaptiveLimitLayer};
+
+    let hosts = Arc::new(HostLimiters::new(
+        Aimd::default().min_limit(1).initial_limit(2).max_limit(2),
+        16,
+    ));
+    let layer = PerHostAdaptiveLimitLayer::new(hosts.clone());
+    assert!(Arc::ptr_eq(layer.hosts(), &hosts));
+    // The slow host never answers within the test; the fast one at once.
+    let svc = ServiceBuilder::new()
+        .layer(tower::timeout::TimeoutLayer::new(Duration::from_secs(60)))
+        .layer(layer)
+        .service(service_fn(|req: Request<()>| async move {
+            if req.uri().host() == Some("slow.test") {
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+            }
+            Ok::<_, Infallible>(status(200))
+        }));
+    let get = |url: &str| Request::get(url).body(()).unwrap();
+
+    // Fill the slow host's two slots; a third attempt there queues.
+    let mut slow: Vec<_> = (0..3)
+        .map(|_| task::spawn(svc.clone().oneshot(get("http://slow.test/x"))))
+        .collect();
+    for t in &mut slow {
+        assert_pending!(t.poll());
+    }
+    let slow_limiter = hosts.get(&"http://slow.test/".parse().unwrap()).unwrap();
+    assert_eq!((slow_limiter.in_flight(), slow_limiter.queued()), (2, 1));
+
+    // The fast host: its own limiter, its slots free.
+    for _ in 0..5 {
+        let res = svc
+            .clone()
+            .oneshot(get("http://fast.test/y"))
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+    }
+    let fast_limiter = hosts.get(&"http://fast.test/".parse().unwrap()).unwrap();
+    assert!(!Arc::ptr_eq(&slow_limiter, &fast_limiter));
+    assert_eq!(fast_limiter.in_flight(), 0);
+    assert_eq!(hosts.len(), 2);
+
+    // Dropping the slow attempts gives their slots back and leaves the queue.
+    drop(slow);
+    assert_eq!((slow_limiter.in_flight(), slow_limiter.queued()), (0, 0));
+}
+
+/// A 429 from one host shrinks that host's limit only.
+#[tokio::test(start_paused = true)]
+async fn per_host_layer_an_overload_lowers_only_its_hosts_limit() {
+    use rebound_core::limit::PerHostAdaptiveLimitLayer;
+
+    let layer = PerHostAdaptiveLimitLayer::try_new(
+        Aimd::default()
+            .initial_limit(10)
+            .max_limit(10)
+            .backoff_ratio(0.5),
+        16,
+    )
+    .unwrap();
+    let hosts = layer.hosts().clone();
+    let svc =
+        ServiceBuilder::new()
+            .layer(layer)
+            .service(service_fn(|req: Request<()>| async move {
+                Ok::<_, Infallible>(status(if req.uri().host() == Some("busy.test") {
+                    429
+                } else {
+                    200
+                }))
+            }));
+    let get = |url: &str| Request::get(url).body(()).unwrap();
+    svc.clone().oneshot(get("http://busy.test/")).await.unwrap();
+    svc.clone().oneshot(get("http://calm.test/")).await.unwrap();
+    let limit = |url: &str| hosts.get(&url.parse().unwrap()).unwrap().current_limit();
+    assert_eq!(limit("http://busy.test/"), 5);
+    assert_eq!(limit("http://calm.test/"), 10);
+}
+
+/// Bad configuration is an error, not a panic.
+#[test]
+fn per_host_layer_refuses_zero_hosts() {
+    use rebound_core::limit::PerHostAdaptiveLimitLayer;
+    let err = PerHostAdaptiveLimitLayer::try_new(Aimd::default(), 0).unwrap_err();
+    assert!(matches!(err.kind(), ErrorKind::Config), "{err}");
+    assert!(err.to_string().contains("max_hosts"), "{err}");
+}

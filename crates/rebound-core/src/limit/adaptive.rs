@@ -1114,29 +1114,39 @@ where
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        // A slot reserved by a backpressure `poll_ready`, else a free one
-        // (happy path); a `call` that finds neither waits in the future.
-        let inner = if let Some((permit, waited)) = self.reservation.take() {
-            let slot = Slot::new(permit, &self.limiter);
-            WaitThenCall::called(self.inner.call(req), (slot, waited))
-        } else if let Ok(permit) = self.limiter.semaphore.clone().try_acquire_owned() {
-            let slot = Slot::new(permit, &self.limiter);
-            WaitThenCall::called(self.inner.call(req), (slot, false))
-        } else {
-            let wait = Queued {
-                wait: wait_permit(
-                    self.limiter.semaphore.clone(),
-                    Deadline::of(req.extensions()),
-                ),
-                queue: Some(QueueSlot::enter(&self.limiter)),
-            };
-            WaitThenCall::waiting(wait, take_ready(&mut self.inner), req)
-        };
-        ResponseFuture {
-            inner,
-            limiter: self.limiter.clone(),
-        }
+        let reserved = self.reservation.take();
+        start(&mut self.inner, self.limiter.clone(), reserved, req)
     }
+}
+
+/// An attempt under `limiter`: a slot reserved by a backpressure
+/// `poll_ready` (`reserved`), else a free one (happy path); an attempt that
+/// finds neither waits in the future, in the limiter's FIFO queue. Shared by
+/// [`AdaptiveLimit`] and the per-host layer.
+pub(crate) fn start<S, ReqB, ResB>(
+    inner: &mut S,
+    limiter: Arc<AdaptiveLimiter>,
+    reserved: Option<(tokio::sync::OwnedSemaphorePermit, bool)>,
+    req: Request<ReqB>,
+) -> ResponseFuture<S, Request<ReqB>>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone,
+    S::Error: Into<BoxError>,
+{
+    let inner = if let Some((permit, waited)) = reserved {
+        let slot = Slot::new(permit, &limiter);
+        WaitThenCall::called(inner.call(req), (slot, waited))
+    } else if let Ok(permit) = limiter.semaphore.clone().try_acquire_owned() {
+        let slot = Slot::new(permit, &limiter);
+        WaitThenCall::called(inner.call(req), (slot, false))
+    } else {
+        let wait = Queued {
+            wait: wait_permit(limiter.semaphore.clone(), Deadline::of(req.extensions())),
+            queue: Some(QueueSlot::enter(&limiter)),
+        };
+        WaitThenCall::waiting(wait, take_ready(inner), req)
+    };
+    ResponseFuture { inner, limiter }
 }
 
 /// The wait of an attempt that found no free slot: its place in the FIFO

@@ -117,7 +117,7 @@ pub use self::concurrency::{
     ConcurrencyLimit, ConcurrencyLimitLayer, ConcurrencyLimiter, LimitBody,
 };
 #[cfg(any(feature = "breaker", feature = "retry-after"))]
-pub use self::per_host::HostLimiters;
+pub use self::per_host::{HostLimiters, PerHostAdaptiveLimit, PerHostAdaptiveLimitLayer};
 
 use std::future::Future;
 use std::pin::Pin;

@@ -24,7 +24,9 @@
 //! The whole-stack service (and so the ready-made client) uses it with
 //! [`StackLayer::adaptive_limit_per_host`](crate::stack::StackLayer::adaptive_limit_per_host):
 //! the authority's key is the one the stack computes once per request for
-//! the gate and the breaker.
+//! the gate and the breaker. A stack built by hand uses it with
+//! [`PerHostAdaptiveLimitLayer`], the per-host form of
+//! [`AdaptiveLimitLayer`](super::AdaptiveLimitLayer).
 //!
 //! # Bounded
 //!
@@ -354,6 +356,150 @@ impl fmt::Debug for HostLimiters {
             .field("hosts", &self.len())
             .field("max_hosts", &self.max_hosts)
             .finish()
+    }
+}
+
+// === the per-host layer ===
+
+/// An [`AdaptiveLimitLayer`](super::AdaptiveLimitLayer) that keys by host:
+/// each attempt takes its slot from its host's limiter in a
+/// [`HostLimiters`], so one slow or overloaded upstream shrinks its own
+/// limit, not the others'. For the layers stacked by hand; the
+/// ready-made client's adaptive limit is per host already.
+///
+/// ```
+/// use std::convert::Infallible;
+/// use std::sync::Arc;
+/// use http::{Request, Response, StatusCode};
+/// use rebound_core::limit::{Aimd, HostLimiters, PerHostAdaptiveLimitLayer};
+/// use tower::{service_fn, ServiceBuilder, ServiceExt};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let hosts = Arc::new(HostLimiters::new(Aimd::default().initial_limit(10).backoff_ratio(0.5), 64));
+/// let svc = ServiceBuilder::new()
+///     .layer(PerHostAdaptiveLimitLayer::new(hosts.clone()))
+///     .service(service_fn(|req: Request<()>| async move {
+///         let mut res = Response::new(());
+///         if req.uri().host() == Some("busy.example") {
+///             *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+///         }
+///         Ok::<_, Infallible>(res)
+///     }));
+/// let get = |url: &str| Request::get(url).body(()).unwrap();
+/// svc.clone().oneshot(get("https://busy.example/a")).await.unwrap();
+/// svc.clone().oneshot(get("https://calm.example/b")).await.unwrap();
+///
+/// // The busy host's limit halved; the calm host's did not move.
+/// let busy = hosts.get(&"https://busy.example/".parse().unwrap()).unwrap();
+/// let calm = hosts.get(&"https://calm.example/".parse().unwrap()).unwrap();
+/// assert_eq!((busy.current_limit(), calm.current_limit()), (5, 10));
+/// # }
+/// ```
+///
+/// The outcome, the slot's release at the response head, the FIFO wait
+/// bounded by the request's [`Deadline`](crate::Deadline) and what is
+/// counted as overload are those of
+/// [`AdaptiveLimitLayer`](super::AdaptiveLimitLayer). There is no
+/// backpressure mode: `poll_ready` cannot know which host the next request
+/// is for, so it passes through and an attempt waits for its host's slot
+/// in the response future.
+///
+/// # Clone
+///
+/// Clones share the same [`HostLimiters`].
+#[derive(Clone, Debug)]
+pub struct PerHostAdaptiveLimitLayer {
+    hosts: Arc<HostLimiters>,
+}
+
+impl PerHostAdaptiveLimitLayer {
+    /// A layer over `hosts` (share them with other layers or clients that
+    /// talk to the same upstreams).
+    pub fn new(hosts: Arc<HostLimiters>) -> Self {
+        PerHostAdaptiveLimitLayer { hosts }
+    }
+
+    /// A layer with new limiters of `algorithm` for at most `max_hosts`
+    /// hosts.
+    ///
+    /// # Errors
+    ///
+    /// See [`HostLimiters::try_new`].
+    pub fn try_new(algorithm: impl Into<Algorithm>, max_hosts: usize) -> Result<Self, Error> {
+        Ok(Self::new(Arc::new(HostLimiters::try_new(
+            algorithm, max_hosts,
+        )?)))
+    }
+
+    /// The per-host limiters, to observe (each host's
+    /// [`current_limit`](AdaptiveLimiter::current_limit), its
+    /// [`min_rtt`](AdaptiveLimiter::min_rtt)) or to share.
+    pub fn hosts(&self) -> &Arc<HostLimiters> {
+        &self.hosts
+    }
+}
+
+impl<S> tower_layer::Layer<S> for PerHostAdaptiveLimitLayer {
+    type Service = PerHostAdaptiveLimit<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        PerHostAdaptiveLimit {
+            inner,
+            hosts: self.hosts.clone(),
+        }
+    }
+}
+
+/// The service of [`PerHostAdaptiveLimitLayer`].
+///
+/// # Clone
+///
+/// Clones share the same [`HostLimiters`].
+#[derive(Clone, Debug)]
+pub struct PerHostAdaptiveLimit<S> {
+    inner: S,
+    hosts: Arc<HostLimiters>,
+}
+
+impl<S> PerHostAdaptiveLimit<S> {
+    /// Wrap `inner` with the per-host limits of `hosts`.
+    pub fn new(inner: S, hosts: Arc<HostLimiters>) -> Self {
+        PerHostAdaptiveLimit { inner, hosts }
+    }
+
+    /// The per-host limiters.
+    pub fn hosts(&self) -> &Arc<HostLimiters> {
+        &self.hosts
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+}
+
+impl<S, ReqB, ResB> tower_service::Service<http::Request<ReqB>> for PerHostAdaptiveLimit<S>
+where
+    S: tower_service::Service<http::Request<ReqB>, Response = http::Response<ResB>> + Clone,
+    S::Error: Into<crate::error::BoxError>,
+{
+    type Response = http::Response<ResB>;
+    type Error = Error;
+    type Future = super::adaptive::ResponseFuture<S, http::Request<ReqB>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner
+            .poll_ready(cx)
+            .map_err(|e| Error::from_boxed(e.into()))
+    }
+
+    fn call(&mut self, req: http::Request<ReqB>) -> Self::Future {
+        let limiter = self.hosts.for_uri(req.uri());
+        super::adaptive::start(&mut self.inner, limiter, None, req)
     }
 }
 
