@@ -204,6 +204,20 @@ impl Hasher for KeyHasher {
     }
 }
 
+/// A URI's scheme as one byte, for the caches that compare a request's
+/// spelling of its host with one seen before (the per-host limiters' and
+/// the shared state's): `Some(0)` no scheme, `Some(1)` http, `Some(2)`
+/// https, `None` any other (not cached).
+#[cfg(any(feature = "limit", feature = "shared-state"))]
+pub(crate) fn scheme_tag(uri: &Uri) -> Option<u8> {
+    match uri.scheme() {
+        None => Some(0),
+        Some(s) if *s == http::uri::Scheme::HTTP => Some(1),
+        Some(s) if *s == http::uri::Scheme::HTTPS => Some(2),
+        Some(_) => None,
+    }
+}
+
 /// A request's host as the table keys and names it: its scheme and
 /// authority, borrowed.
 #[derive(Clone, Copy, Debug)]

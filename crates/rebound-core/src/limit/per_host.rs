@@ -71,12 +71,11 @@ use std::hash::BuildHasherDefault;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
-use http::uri::Scheme;
 use http::Uri;
 
 use super::adaptive::{AdaptiveLimiter, Algorithm};
 use crate::error::Error;
-use crate::host::{authority_key, HostRef, KeyHasher};
+use crate::host::{authority_key, scheme_tag, HostRef, KeyHasher};
 
 /// Hosts each thread's cache keeps (see the module docs).
 const CACHED: usize = 4;
@@ -124,17 +123,6 @@ thread_local! {
             next: 0,
         })
     };
-}
-
-/// `uri`'s scheme as a small tag, for the cache: `None` for a scheme
-/// other than http and https (not cached).
-fn scheme_tag(uri: &Uri) -> Option<u8> {
-    match uri.scheme() {
-        None => Some(0),
-        Some(s) if *s == Scheme::HTTP => Some(1),
-        Some(s) if *s == Scheme::HTTPS => Some(2),
-        Some(_) => None,
-    }
 }
 
 struct Hosts {

@@ -335,6 +335,19 @@ struct Breaker {
 }
 
 impl Breaker {
+    /// Closed, nothing counted; its clock starts now.
+    fn new() -> Self {
+        Breaker {
+            failures: AtomicU32::new(0),
+            last_failure: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            openings: AtomicU64::new(0),
+            open_until: AtomicU64::new(0),
+            warned: AtomicBool::new(false),
+            base: Instant::now(),
+        }
+    }
+
     fn ns(&self, t: Instant) -> u64 {
         u64::try_from(t.saturating_duration_since(self.base).as_nanos())
             .unwrap_or(u64::MAX)
@@ -529,8 +542,8 @@ impl Default for LastHost {
     fn default() -> Self {
         LastHost {
             key: 0,
-            // No scheme is spelt `0`: an empty cell matches nothing.
-            scheme: 0,
+            // No scheme tag is `u8::MAX`: an empty cell matches nothing.
+            scheme: u8::MAX,
             len: 0,
             authority: [0; LastHost::MAX],
         }
@@ -540,25 +553,16 @@ impl Default for LastHost {
 impl LastHost {
     const MAX: usize = 46;
 
-    /// A scheme as one byte: `1` https, `2` http, `3` any other (not kept).
-    fn scheme(uri: &Uri) -> u8 {
-        match uri.scheme_str() {
-            Some("https") => 1,
-            Some("http") => 2,
-            _ => 3,
-        }
-    }
-
     /// `uri`'s key: the kept one when it spells the same host, else
     /// [`local_key`] (kept for the next request).
     fn key(&mut self, uri: &Uri) -> u64 {
-        let scheme = Self::scheme(uri);
+        let scheme = crate::host::scheme_tag(uri);
         let authority = uri.authority().map_or(&b""[..], |a| a.as_str().as_bytes());
-        if scheme == self.scheme && authority == &self.authority[..usize::from(self.len)] {
+        if scheme == Some(self.scheme) && authority == &self.authority[..usize::from(self.len)] {
             return self.key;
         }
         let key = local_key(uri);
-        if scheme != 3 && authority.len() <= Self::MAX {
+        if let Some(scheme) = scheme.filter(|_| authority.len() <= Self::MAX) {
             self.key = key;
             self.scheme = scheme;
             self.len = authority.len() as u8;
@@ -722,15 +726,7 @@ impl SharedState {
                 store,
                 config,
                 hosts: Mutex::new(Hosts::default()),
-                breaker: Arc::new(Breaker {
-                    failures: AtomicU32::new(0),
-                    last_failure: AtomicU64::new(0),
-                    failed: AtomicU64::new(0),
-                    openings: AtomicU64::new(0),
-                    open_until: AtomicU64::new(0),
-                    warned: AtomicBool::new(false),
-                    base: Instant::now(),
-                }),
+                breaker: Arc::new(Breaker::new()),
                 table: OnceLock::new(),
                 watch: OnceLock::new(),
                 writer: OnceLock::new(),
@@ -1611,15 +1607,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn failures_in_flight_together_count_once_toward_opening() {
         let config = SharedConfig::new();
-        let breaker = Breaker {
-            failures: AtomicU32::new(0),
-            last_failure: AtomicU64::new(0),
-            failed: AtomicU64::new(0),
-            openings: AtomicU64::new(0),
-            open_until: AtomicU64::new(0),
-            warned: AtomicBool::new(false),
-            base: Instant::now(),
-        };
+        let breaker = Breaker::new();
         let err = StoreError::new(StoreErrorKind::Timeout, "no answer");
         tokio::time::advance(Duration::from_millis(1)).await;
         for _ in 0..16 {
